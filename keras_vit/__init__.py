@@ -1,0 +1,20 @@
+"""keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) in Keras 3."""
+
+from keras_vit import layers
+from keras_vit.models import (
+    ViT,
+    ViTB8,
+    ViTB16,
+    ViTB32,
+    ViTH14,
+    ViTL16,
+    ViTL32,
+    ViTS16,
+    ViTS32,
+    ViTTi16,
+    get_model,
+)
+from keras_vit.preprocessing import preprocess_input
+from keras_vit.weights import export_npz, load_weights
+
+__version__ = "0.1.0"

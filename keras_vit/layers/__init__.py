@@ -1,0 +1,20 @@
+"""Keras layers that compose into ViT models; only `keras.ops` inside."""
+
+from keras_vit.layers.class_token import ClassToken
+from keras_vit.layers.encoder_block import MlpBlock, TransformerEncoderBlock
+from keras_vit.layers.patch_embedding import PatchEmbedding
+from keras_vit.layers.pooling import SequencePooling
+from keras_vit.layers.position_embedding import (
+    AddPositionEmbedding,
+    resample_position_embedding,
+)
+
+__all__ = [
+    "AddPositionEmbedding",
+    "ClassToken",
+    "MlpBlock",
+    "PatchEmbedding",
+    "SequencePooling",
+    "TransformerEncoderBlock",
+    "resample_position_embedding",
+]

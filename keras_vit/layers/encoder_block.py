@@ -1,0 +1,209 @@
+"""The pre-norm Transformer encoder block of ViT (paper Eq. 2-3)."""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vit.layers.utils import check_rate
+
+# Flax LayerNorm's default; Keras' default (1e-3) gives visibly different
+# logits with the original checkpoints.
+LAYER_NORM_EPSILON = 1e-6
+
+
+def attention_kernel_initializer(hidden_size):
+    """Xavier-uniform on the flattened (D, D) kernel, as Flax DenseGeneral.
+
+    Flax initialises the (D, heads, head_dim) kernels on their 2-D shape, so
+    the limit is sqrt(6 / (D + D)); Keras' GlorotUniform on the 3-D shape
+    would use other fans.
+    """
+    limit = math.sqrt(3.0 / hidden_size)
+    return keras.initializers.RandomUniform(-limit, limit)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class MlpBlock(keras.layers.Layer):
+    """Dense -> GELU (tanh approximation) -> Dropout -> Dense -> Dropout.
+
+    The original uses `flax.linen.gelu`, i.e. `jax.nn.gelu(approximate=True)`,
+    xavier-uniform kernels and normal(1e-6) biases
+    (google-research/vision_transformer, `models_vit.py`, `MlpBlock`).
+
+    Args:
+        mlp_dim: int. Width of the hidden layer.
+        dropout_rate: float. Dropout after the GELU and after the output.
+    """
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = mlp_dim
+        self.dropout_rate = check_rate(dropout_rate, "dropout_rate")
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        dense_kwargs = dict(
+            kernel_initializer="glorot_uniform",
+            bias_initializer=keras.initializers.RandomNormal(stddev=1e-6),
+            dtype=self.dtype_policy,
+        )
+        self.dense_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", **dense_kwargs)
+        self.dense_1 = keras.layers.Dense(hidden_size, name="Dense_1", **dense_kwargs)
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
+        self.dense_0.build(input_shape)
+        self.dense_1.build((*input_shape[:-1], self.mlp_dim))
+
+    def call(self, inputs, training=None):
+        x = self.dense_0(inputs)
+        x = ops.gelu(x, approximate=True)
+        x = self.dropout(x, training=training)
+        x = self.dense_1(x)
+        return self.dropout(x, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class TransformerEncoderBlock(keras.layers.Layer):
+    """One ViT encoder block: pre-LayerNorm attention and MLP, with residuals.
+
+    x = x + Dropout(MHA(LN(x)));  x = x + MLP(LN(x))   (paper Eq. 2-3;
+    google-research/vision_transformer, `Encoder1DBlock`). Sub-layers carry the
+    checkpoint names (`LayerNorm_0`, `MultiHeadDotProductAttention_1`,
+    `LayerNorm_2`, `MlpBlock_3`). Attention is `keras.layers.MultiHeadAttention`,
+    whose kernels have the checkpoints' layouts ((D, heads, head_dim) for
+    query/key/value, (heads, head_dim, D) for the output) and which takes the
+    fused `keras.ops.dot_product_attention` path unless attention scores or
+    attention dropout are asked for.
+
+    Args:
+        num_heads: int. Number of attention heads; must divide the width.
+        mlp_dim: int. Hidden width of the MLP.
+        dropout_rate: float. Dropout after attention and in the MLP.
+            Defaults to 0.
+        attention_dropout_rate: float. Dropout on the attention probabilities
+            (disables the fused attention path while training). Defaults to 0.
+        drop_path_rate: float. Stochastic depth: probability of dropping each
+            residual branch per example (Huang et al., 2016). Defaults to 0.
+        layer_norm_epsilon: float. Defaults to 1e-6 (Flax's default).
+        seed: optional int for the stochastic-depth noise.
+
+    Call arguments:
+        inputs: `(B, T, D)` tensor.
+        training: bool.
+        return_attention_scores: bool. Also return the attention
+            probabilities `(B, heads, T, T)`. Off by default, so the fused
+            attention path is used.
+
+    Returns:
+        `(B, T, D)` tensor, or a tuple `(outputs, scores)`.
+    """
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        drop_path_rate=0.0,
+        layer_norm_epsilon=LAYER_NORM_EPSILON,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        for arg, value in (("num_heads", num_heads), ("mlp_dim", mlp_dim)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"`{arg}` must be a positive integer. Received: {arg}={value!r}"
+                )
+        self.num_heads = num_heads
+        self.mlp_dim = mlp_dim
+        self.dropout_rate = check_rate(dropout_rate, "dropout_rate")
+        self.attention_dropout_rate = check_rate(
+            attention_dropout_rate, "attention_dropout_rate"
+        )
+        self.drop_path_rate = check_rate(drop_path_rate, "drop_path_rate")
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        hidden_size = input_shape[-1]
+        if hidden_size % self.num_heads:
+            raise ValueError(
+                f"The width ({hidden_size}) must be divisible by `num_heads`. "
+                f"Received: num_heads={self.num_heads}"
+            )
+        norm_kwargs = dict(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy)
+        self.layer_norm_0 = keras.layers.LayerNormalization(name="LayerNorm_0", **norm_kwargs)
+        self.attention = keras.layers.MultiHeadAttention(
+            num_heads=self.num_heads,
+            key_dim=hidden_size // self.num_heads,
+            dropout=self.attention_dropout_rate,
+            kernel_initializer=attention_kernel_initializer(hidden_size),
+            bias_initializer="zeros",
+            seed=self.seed,
+            name="MultiHeadDotProductAttention_1",
+            dtype=self.dtype_policy,
+        )
+        self.attention_dropout = keras.layers.Dropout(
+            self.dropout_rate, dtype=self.dtype_policy
+        )
+        self.layer_norm_2 = keras.layers.LayerNormalization(name="LayerNorm_2", **norm_kwargs)
+        self.mlp = MlpBlock(
+            self.mlp_dim, self.dropout_rate, name="MlpBlock_3", dtype=self.dtype_policy
+        )
+        self.layer_norm_0.build(input_shape)
+        self.attention.build(input_shape, input_shape)
+        self.layer_norm_2.build(input_shape)
+        self.mlp.build(input_shape)
+
+    def _drop_path(self, branch, training):
+        if not training or self.drop_path_rate == 0.0:
+            return branch
+        keep = 1.0 - self.drop_path_rate
+        shape = (ops.shape(branch)[0],) + (1,) * (len(branch.shape) - 1)
+        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=branch.dtype)
+        return branch * ops.floor(keep + noise) / keep
+
+    def call(self, inputs, training=None, return_attention_scores=False):
+        y = self.layer_norm_0(inputs)
+        attended = self.attention(
+            y, y, training=training, return_attention_scores=return_attention_scores
+        )
+        if return_attention_scores:
+            y, scores = attended
+        else:
+            y = attended
+        y = self.attention_dropout(y, training=training)
+        x = inputs + self._drop_path(y, training)
+        y = self.mlp(self.layer_norm_2(x), training=training)
+        x = x + self._drop_path(y, training)
+        return (x, scores) if return_attention_scores else x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "num_heads": self.num_heads,
+                "mlp_dim": self.mlp_dim,
+                "dropout_rate": self.dropout_rate,
+                "attention_dropout_rate": self.attention_dropout_rate,
+                "drop_path_rate": self.drop_path_rate,
+                "layer_norm_epsilon": self.layer_norm_epsilon,
+                "seed": self.seed,
+            }
+        )
+        return config

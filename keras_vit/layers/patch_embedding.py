@@ -1,0 +1,104 @@
+"""Patch embedding: the linear projection of flattened patches (paper Eq. 1)."""
+
+import keras
+from keras import ops
+
+from keras_vit.layers.utils import normalize_pair
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class PatchEmbedding(keras.layers.Layer):
+    """Splits an image into patches and projects each one to `hidden_size`.
+
+    A convolution whose kernel and stride both equal the patch size, with
+    VALID padding and a bias, exactly as the original `embedding` Conv
+    (google-research/vision_transformer, `models_vit.py`). The feature map is
+    flattened row-major, so token `r * grid_width + c` is the patch at row `r`,
+    column `c`.
+
+    Args:
+        hidden_size: int. Width D of the token embeddings.
+        patch_size: int or tuple of 2 ints. Patch height and width.
+        kernel_initializer: Initializer for the kernel. Defaults to
+            `"lecun_normal"` (the Flax Conv default).
+        bias_initializer: Initializer for the bias. Defaults to `"zeros"`.
+
+    Call arguments:
+        images: `(B, H, W, C)` tensor (an image or, in a hybrid, a feature map).
+
+    Returns:
+        `(B, (H // ph) * (W // pw), hidden_size)` tensor.
+    """
+
+    def __init__(
+        self,
+        hidden_size,
+        patch_size,
+        kernel_initializer="lecun_normal",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(hidden_size, int) or hidden_size <= 0:
+            raise ValueError(
+                "`hidden_size` must be a positive integer. "
+                f"Received: hidden_size={hidden_size}"
+            )
+        self.hidden_size = hidden_size
+        self.patch_size = normalize_pair(patch_size, "patch_size")
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        # Kernel layout (ph, pw, C_in, D) equals the checkpoints' HWIO layout.
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(*self.patch_size, channels, self.hidden_size),
+            initializer=self.kernel_initializer,
+        )
+        self.bias = self.add_weight(
+            name="bias",
+            shape=(self.hidden_size,),
+            initializer=self.bias_initializer,
+        )
+
+    def grid_size(self, input_shape):
+        """(rows, cols) of the patch grid for an input of `input_shape`."""
+        return (
+            input_shape[1] // self.patch_size[0],
+            input_shape[2] // self.patch_size[1],
+        )
+
+    def call(self, images):
+        kernel = ops.cast(self.kernel, self.compute_dtype)
+        x = ops.conv(
+            images, kernel, strides=self.patch_size, padding="valid",
+            data_format="channels_last",
+        )
+        x = x + ops.cast(self.bias, self.compute_dtype)
+        rows, cols = x.shape[1], x.shape[2]
+        if rows is None or cols is None:
+            rows, cols = ops.shape(x)[1], ops.shape(x)[2]
+        return ops.reshape(x, (-1, rows * cols, self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        rows, cols = self.grid_size(input_shape)
+        tokens = None if rows is None or cols is None else rows * cols
+        return (input_shape[0], tokens, self.hidden_size)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "hidden_size": self.hidden_size,
+                "patch_size": self.patch_size,
+                "kernel_initializer": keras.initializers.serialize(
+                    self.kernel_initializer
+                ),
+                "bias_initializer": keras.initializers.serialize(
+                    self.bias_initializer
+                ),
+            }
+        )
+        return config

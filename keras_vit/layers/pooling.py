@@ -1,0 +1,39 @@
+"""Pooling of the encoder's token sequence into one representation."""
+
+import keras
+from keras import ops
+
+POOLING_METHODS = ("token", "gap")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SequencePooling(keras.layers.Layer):
+    """Pools `(B, T, D)` tokens to `(B, D)`.
+
+    `"token"` takes the class token at index 0; `"gap"` averages all tokens
+    (google-research/vision_transformer, `models_vit.py`, `classifier` field).
+
+    Args:
+        method: `"token"` or `"gap"`.
+    """
+
+    def __init__(self, method="token", **kwargs):
+        super().__init__(**kwargs)
+        if method not in POOLING_METHODS:
+            raise ValueError(
+                f"`method` must be one of {POOLING_METHODS}. Received: method={method!r}"
+            )
+        self.method = method
+
+    def call(self, tokens):
+        if self.method == "token":
+            return tokens[:, 0]
+        return ops.mean(tokens, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[2])
+
+    def get_config(self):
+        config = super().get_config()
+        config["method"] = self.method
+        return config

@@ -1,0 +1,26 @@
+"""Small argument helpers shared by the layers and model builders."""
+
+
+def normalize_pair(value, name):
+    """Returns `value` as a tuple of two positive ints (an int is repeated)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    try:
+        pair = tuple(int(v) for v in value)
+    except (TypeError, ValueError):
+        pair = ()
+    if len(pair) != 2 or min(pair) <= 0 or pair != tuple(value):
+        raise ValueError(
+            f"`{name}` must be a positive int or a tuple of 2 positive ints. "
+            f"Received: {name}={value!r}"
+        )
+    return pair
+
+
+def check_rate(value, name):
+    """Validates a dropout-like probability in [0, 1)."""
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(
+            f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
+        )
+    return float(value)

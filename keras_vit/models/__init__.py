@@ -1,0 +1,15 @@
+"""ViT model builders."""
+
+from keras_vit.models.vit import (
+    ViT,
+    ViTB8,
+    ViTB16,
+    ViTB32,
+    ViTH14,
+    ViTL16,
+    ViTL32,
+    ViTS16,
+    ViTS32,
+    ViTTi16,
+    get_model,
+)

@@ -1,0 +1,111 @@
+"""The only place where model sizes are written.
+
+Sizes: paper Table 1 (Base, Large, Huge); Ti and S come from DeiT, as used by
+the AugReg paper (arXiv:2106.10270, Table 1). Configurations and their names:
+google-research/vision_transformer, `vit_jax/configs/models.py`.
+"""
+
+import re
+
+# Transformer widths: hidden size D, MLP width, heads, blocks.
+SIZES = {
+    "Ti": dict(hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12),
+    "S": dict(hidden_size=384, mlp_dim=1536, num_heads=6, num_layers=12),
+    "B": dict(hidden_size=768, mlp_dim=3072, num_heads=12, num_layers=12),
+    "L": dict(hidden_size=1024, mlp_dim=4096, num_heads=16, num_layers=24),
+    "H": dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32),
+}
+
+# Every field a variant sets; any of them can be overridden by a keyword.
+DEFAULTS = dict(
+    patch_size=16,
+    hidden_size=768,
+    mlp_dim=3072,
+    num_heads=12,
+    num_layers=12,
+    dropout_rate=0.0,
+    attention_dropout_rate=0.0,
+    classifier="token",
+    representation_size=None,
+)
+
+
+def _vit(size, patch, **fields):
+    return {**DEFAULTS, **SIZES[size], "patch_size": patch, **fields}
+
+
+# Original config name -> fields. Dropout rates are vit_jax's fine-tuning
+# values (0.1 for L/16 and H/14, chosen there by fine-tuning results).
+VARIANTS = {
+    "testing": {
+        **DEFAULTS,
+        "hidden_size": 10, "mlp_dim": 10, "num_heads": 2, "num_layers": 1,
+        "dropout_rate": 0.1,
+    },
+    "testing-unpooled": {
+        **DEFAULTS,
+        "hidden_size": 10, "mlp_dim": 10, "num_heads": 2, "num_layers": 1,
+        "dropout_rate": 0.1, "classifier": "unpooled",
+    },
+    "ViT-Ti_16": _vit("Ti", 16),
+    "ViT-S_16": _vit("S", 16),
+    "ViT-S_32": _vit("S", 32),
+    "ViT-B_8": _vit("B", 8),
+    "ViT-B_16": _vit("B", 16),
+    "ViT-B_32": _vit("B", 32),
+    "ViT-L_16": _vit("L", 16, dropout_rate=0.1),
+    "ViT-L_32": _vit("L", 32),
+    "ViT-H_14": _vit("H", 14, dropout_rate=0.1),
+    # Global-average-pooled models without a representation layer, added
+    # upstream for the GSAM checkpoints.
+    "ViT-S_16-gap-norep": _vit("S", 16, classifier="gap"),
+    "ViT-B_16-gap-norep": _vit("B", 16, classifier="gap"),
+    "ViT-S_32-gap-norep": _vit("S", 32, classifier="gap"),
+    "ViT-B_32-gap-norep": _vit("B", 32, classifier="gap"),
+}
+
+CLASSIFIERS = ("token", "gap", "unpooled", "token_unpooled")
+
+
+def augreg_name(config_name):
+    """AugReg name of a config ("ViT-B_16" -> "B_16", "R50+ViT-L_32" -> "R50_L_32")."""
+    return config_name.replace("ViT-", "").replace("+", "_")
+
+
+def _augreg_names():
+    # vit_jax's AUGREG_CONFIGS: the same architectures under short names,
+    # fine-tuned with dropout 0 (vit_jax `configs/augreg.py`).
+    names = {}
+    for name, fields in VARIANTS.items():
+        if name.startswith("testing") or "gap" in name:
+            continue
+        names[augreg_name(name)] = name
+    return names
+
+
+AUGREG_NAMES = _augreg_names()
+
+
+def resolve_variant(name):
+    """Returns `(config_name, fields)` for an original or AugReg name.
+
+    Accepts "ViT-B_16", "ViT-B_16-gap-norep", "testing", AugReg names such as
+    "B_16" and big_vision-style "B/16".
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"`variant` must be a string. Received: variant={name!r}")
+    if name in VARIANTS:
+        return name, dict(VARIANTS[name])
+    short = re.sub(r"^([A-Za-z0-9+]*?)/(\d+)$", r"\1_\2", name).replace("+", "_")
+    if short in AUGREG_NAMES:
+        config_name = AUGREG_NAMES[short]
+        return config_name, {**VARIANTS[config_name], "dropout_rate": 0.0}
+    raise ValueError(
+        f"Unknown ViT variant. Known names: {sorted(VARIANTS)} and the AugReg "
+        f"names {sorted(AUGREG_NAMES)}. Received: variant={name!r}"
+    )
+
+
+def model_name(config_name):
+    """A Keras model name valid on every backend ("ViT-B_16" -> "vit_b_16")."""
+    return re.sub(r"[^a-z0-9]+", "_", config_name.lower()).strip("_")

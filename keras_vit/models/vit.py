@@ -1,0 +1,294 @@
+"""Functional ViT models in the keras.applications idiom."""
+
+import keras
+
+from keras_vit import layers as vit_layers
+from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+from keras_vit.layers.utils import check_rate, normalize_pair
+from keras_vit.models import variants
+
+DEFAULT_INPUT_SHAPE = (224, 224, 3)
+POOLINGS = (None, "token", "gap", "avg")
+
+# Keywords that change the architecture or regularisation, beyond the table.
+EXTRA_FIELDS = dict(drop_path_rate=0.0, head_bias_init=0.0)
+
+
+def _check_input_shape(input_shape, stride):
+    """Validates `(H, W, C)` and that the sides are multiples of `stride`."""
+    try:
+        shape = tuple(input_shape)
+    except TypeError:
+        shape = ()
+    if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
+        raise ValueError(
+            "`input_shape` must be a tuple of 3 positive ints (height, width, "
+            f"channels). Received: input_shape={input_shape!r}"
+        )
+    if shape[0] % stride[0] or shape[1] % stride[1]:
+        raise ValueError(
+            f"The image height and width must be multiples of the patch size "
+            f"{stride[0]}x{stride[1]}. Received: input_shape={shape}"
+        )
+    return shape
+
+
+def _resolve_fields(variant, overrides):
+    if variant is None:
+        config_name, fields = None, dict(variants.DEFAULTS)
+    else:
+        config_name, fields = variants.resolve_variant(variant)
+    fields.update(EXTRA_FIELDS)
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise TypeError(
+            f"Unknown keyword argument(s) for a ViT model: {unknown}. Accepted: "
+            f"{sorted(fields)}. Received: {', '.join(f'{k}={overrides[k]!r}' for k in unknown)}"
+        )
+    fields.update(overrides)
+    if fields["classifier"] not in variants.CLASSIFIERS:
+        raise ValueError(
+            f"`classifier` must be one of {variants.CLASSIFIERS}. "
+            f"Received: classifier={fields['classifier']!r}"
+        )
+    rep = fields["representation_size"]
+    if rep is not None and (not isinstance(rep, int) or rep <= 0):
+        raise ValueError(
+            "`representation_size` must be None or a positive int. "
+            f"Received: representation_size={rep!r}"
+        )
+    return config_name, fields
+
+
+def ViT(
+    variant=None,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    num_classes=1000,
+    classifier_activation=None,
+    name=None,
+    posemb_interpolation="linear",
+    **overrides,
+):
+    """Builds a Vision Transformer (Dosovitskiy et al., ICLR 2021).
+
+    Reference: [An Image is Worth 16x16 Words](https://arxiv.org/abs/2010.11929).
+    Layer and weight names follow the original checkpoints
+    (google-research/vision_transformer), so its `.npz` files load as they are.
+
+    Args:
+        variant: str or None. An original config name (`"ViT-B_16"`,
+            `"ViT-B_16-gap-norep"`, `"testing"`, ...), an AugReg name
+            (`"B_16"`, ...) or None for a fully custom model built from the
+            keywords below.
+        include_top: bool. Whether to add the classification head.
+        weights: None, a path to an original `.npz` or a Keras
+            `.weights.h5` file, or a registered name (`"imagenet21k"`,
+            `"imagenet21k+imagenet2012"`, `"augreg"`, an AugReg file name, ...;
+            see `keras_vit.weights.available_weights`).
+        input_tensor: optional Keras tensor to use as the image input.
+        input_shape: `(height, width, channels)`; the sides must be multiples
+            of the patch size. Defaults to `(224, 224, 3)`.
+        pooling: with `include_top=False`: None returns the token sequence
+            `(B, T, D)` after `encoder_norm`; `"token"` or `"gap"` (alias
+            `"avg"`) the pooled representation (through `pre_logits` when the
+            model has a `representation_size`).
+        num_classes: int. Classes of the head.
+        classifier_activation: None (logits) or an activation such as
+            `"softmax"` for the head.
+        name: model name. Defaults to the variant's name in snake case.
+        posemb_interpolation: `"linear"` (the original's) or `"bicubic"`:
+            how position embeddings of a checkpoint at another resolution are
+            resampled.
+        **overrides: any field of the variant table (`patch_size`,
+            `hidden_size`, `mlp_dim`, `num_heads`, `num_layers`,
+            `dropout_rate`, `attention_dropout_rate`, `classifier`,
+            `representation_size`) plus `drop_path_rate` (stochastic depth,
+            increasing linearly to this rate over the blocks) and
+            `head_bias_init` (e.g. -10 for sigmoid pre-training).
+
+    Inputs are NHWC floats in [-1, 1]; see `keras_vit.preprocess_input`.
+
+    Returns:
+        A functional `keras.Model`.
+    """
+    config_name, fields = _resolve_fields(variant, overrides)
+    if not isinstance(include_top, bool):
+        raise ValueError(f"`include_top` must be a bool. Received: include_top={include_top!r}")
+    if pooling not in POOLINGS:
+        raise ValueError(f"`pooling` must be one of {POOLINGS}. Received: pooling={pooling!r}")
+    if include_top and (not isinstance(num_classes, int) or num_classes <= 0):
+        raise ValueError(
+            f"`num_classes` must be a positive int. Received: num_classes={num_classes!r}"
+        )
+    classifier = fields["classifier"]
+    has_class_token = classifier in ("token", "token_unpooled")
+    pool_method = {"avg": "gap"}.get(pooling, pooling)
+    if pool_method == "token" and not has_class_token:
+        raise ValueError(
+            f"`pooling='token'` needs a class token, but this model uses "
+            f"classifier={classifier!r}. Use pooling='gap'. Received: pooling={pooling!r}"
+        )
+    patch = normalize_pair(fields["patch_size"], "patch_size")
+    for rate in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
+        check_rate(fields[rate], rate)
+
+    # --- Input ---
+    if input_tensor is not None and input_shape is None:
+        input_shape = tuple(input_tensor.shape[1:])
+    input_shape = _check_input_shape(input_shape or DEFAULT_INPUT_SHAPE, patch)
+    if input_tensor is None:
+        inputs = keras.Input(shape=input_shape, name="images")
+    elif keras.backend.is_keras_tensor(input_tensor):
+        inputs = input_tensor
+    else:
+        inputs = keras.Input(tensor=input_tensor, shape=input_shape, name="images")
+
+    # --- Embedding: patches, [class] token, position embedding ---
+    x = vit_layers.PatchEmbedding(
+        fields["hidden_size"], patch, name="embedding"
+    )(inputs)
+    if has_class_token:
+        x = vit_layers.ClassToken(name="cls")(x)
+    x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
+    x = keras.layers.Dropout(fields["dropout_rate"], name="dropout")(x)
+
+    # --- Encoder ---
+    num_layers = fields["num_layers"]
+    for i in range(num_layers):
+        # Stochastic depth increasing linearly with depth (AugReg, after
+        # Huang et al. 2016); 0 everywhere by default, as in the paper.
+        drop_path = fields["drop_path_rate"] * i / max(num_layers - 1, 1)
+        x = vit_layers.TransformerEncoderBlock(
+            num_heads=fields["num_heads"],
+            mlp_dim=fields["mlp_dim"],
+            dropout_rate=fields["dropout_rate"],
+            attention_dropout_rate=fields["attention_dropout_rate"],
+            drop_path_rate=drop_path,
+            name=f"encoderblock_{i}",
+        )(x)
+    x = keras.layers.LayerNormalization(
+        epsilon=LAYER_NORM_EPSILON, name="encoder_norm"
+    )(x)
+
+    # --- Head ---
+    if include_top:
+        if classifier in ("token", "gap"):
+            x = vit_layers.SequencePooling(classifier, name="pool")(x)
+        x = _pre_logits(x, fields["representation_size"])
+        x = keras.layers.Dense(
+            num_classes,
+            activation=classifier_activation,
+            kernel_initializer="zeros",
+            bias_initializer=keras.initializers.Constant(fields["head_bias_init"]),
+            # Logits stay float32 under mixed precision.
+            dtype="float32",
+            name="head",
+        )(x)
+    elif pool_method is not None:
+        x = vit_layers.SequencePooling(pool_method, name="pool")(x)
+        x = _pre_logits(x, fields["representation_size"])
+
+    if name is None:
+        name = variants.model_name(config_name) if config_name else "vit"
+    model_inputs = (
+        inputs if input_tensor is None else keras.utils.get_source_inputs(inputs)
+    )
+    model = keras.Model(model_inputs, x, name=name)
+
+    if weights is not None:
+        from keras_vit.weights import load_weights
+
+        load_weights(
+            model,
+            weights,
+            variant=config_name,
+            interpolation=posemb_interpolation,
+        )
+    return model
+
+
+def _pre_logits(x, representation_size):
+    # The pre-training head's hidden layer: Dense + tanh (paper App. D.3).
+    if representation_size is None:
+        return x
+    return keras.layers.Dense(
+        representation_size, activation="tanh", kernel_initializer="lecun_normal",
+        name="pre_logits",
+    )(x)
+
+
+_CONSTRUCTOR_DOC = """Builds {config} ({size}).
+
+Thin wrapper over `keras_vit.ViT("{config}", ...)`; every argument of `ViT`
+is accepted, and a keyword overrides the variant's table value.
+
+Example:
+
+```python
+model = keras_vit.{function}(num_classes=10, input_shape=(384, 384, 3),
+                             weights="imagenet21k")
+```
+"""
+
+
+def _make_constructor(config_name, function_name):
+    def constructor(
+        include_top=True,
+        weights=None,
+        input_tensor=None,
+        input_shape=None,
+        pooling=None,
+        num_classes=1000,
+        classifier_activation=None,
+        name=None,
+        **kwargs,
+    ):
+        return ViT(
+            config_name,
+            include_top=include_top,
+            weights=weights,
+            input_tensor=input_tensor,
+            input_shape=input_shape,
+            pooling=pooling,
+            num_classes=num_classes,
+            classifier_activation=classifier_activation,
+            name=name,
+            **kwargs,
+        )
+
+    fields = variants.VARIANTS[config_name]
+    constructor.__name__ = constructor.__qualname__ = function_name
+    constructor.__doc__ = _CONSTRUCTOR_DOC.format(
+        config=config_name,
+        function=function_name,
+        size=(
+            f"patch {fields['patch_size']}, width {fields['hidden_size']}, "
+            f"{fields['num_layers']} blocks, {fields['num_heads']} heads"
+        ),
+    )
+    return constructor
+
+
+ViTTi16 = _make_constructor("ViT-Ti_16", "ViTTi16")
+ViTS16 = _make_constructor("ViT-S_16", "ViTS16")
+ViTS32 = _make_constructor("ViT-S_32", "ViTS32")
+ViTB8 = _make_constructor("ViT-B_8", "ViTB8")
+ViTB16 = _make_constructor("ViT-B_16", "ViTB16")
+ViTB32 = _make_constructor("ViT-B_32", "ViTB32")
+ViTL16 = _make_constructor("ViT-L_16", "ViTL16")
+ViTL32 = _make_constructor("ViT-L_32", "ViTL32")
+ViTH14 = _make_constructor("ViT-H_14", "ViTH14")
+
+
+def get_model(name, **kwargs):
+    """Builds a model from an original config name or an AugReg name.
+
+    `get_model("ViT-B_16")`, `get_model("ViT-B_16-gap-norep")`,
+    `get_model("testing")`, `get_model("B_16", weights="augreg")`; keyword
+    arguments as `ViT`.
+    """
+    return ViT(name, **kwargs)
