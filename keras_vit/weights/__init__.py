@@ -23,7 +23,8 @@ def load_weights(model, weights, variant=None, interpolation="linear", source_gr
             `"sam"`, or an AugReg file name such as
             `"B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0"`).
             Named files are fetched from the public `vit_models` bucket with
-            `keras.utils.get_file` and cached under `~/.keras/models/keras_vit`.
+            `keras.utils.get_file` and cached under `~/.keras/models/keras_vit`
+            (or `$KERAS_VIT_CACHE_DIR/models/keras_vit`).
         variant: the model's original config name; needed for registered names.
         interpolation: `"linear"` (the original's) or `"bicubic"` resampling of
             position embeddings from another resolution.
@@ -44,10 +45,15 @@ def load_weights(model, weights, variant=None, interpolation="linear", source_gr
         return _load_keras_weights(model, path)
     if not os.path.exists(path) and registry.is_registered(path):
         bucket_path = registry.resolve(path, variant, model.input_shape[1])
+        cache_dir = os.environ.get("KERAS_VIT_CACHE_DIR")
+        if cache_dir:
+            # get_file silently falls back to /tmp/.keras for a missing dir.
+            os.makedirs(cache_dir, exist_ok=True)
         path = keras.utils.get_file(
             fname=bucket_path.replace("/", "__"),
             origin=registry.url(bucket_path),
             cache_subdir=os.path.join("models", "keras_vit"),
+            cache_dir=cache_dir,  # None: the Keras home (~/.keras).
         )
     elif not os.path.exists(path):
         names = ", ".join(registry.NAMES)

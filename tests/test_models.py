@@ -1,0 +1,278 @@
+"""ViT models: parameter counts, the keras.applications arguments, saving,
+gradients and argument validation."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.models import variants
+from tests.helpers import gradients, randomize_weights
+
+# google-research/vision_transformer, vit_jax/models_test.py (num_classes=1000,
+# 224 px); the 384-px column re-computed from the same definitions.
+PARAM_COUNTS = {
+    "testing": (21_390, 25_190),
+    "testing-unpooled": (21_370, 25_170),
+    "ViT-Ti_16": (5_717_416, 5_790_376),
+    "ViT-S_16": (22_050_664, 22_196_584),
+    "ViT-S_32": (22_878_952, 22_915_432),
+    "ViT-B_8": (86_576_872, 87_744_232),
+    "ViT-B_16": (86_567_656, 86_859_496),
+    "ViT-B_32": (88_224_232, 88_297_192),
+    "ViT-L_16": (304_326_632, 304_715_752),
+    "ViT-L_32": (306_535_400, 306_632_680),
+    "ViT-H_14": (632_045_800, 632_651_240),
+    "ViT-S_16-gap-norep": (22_049_896, 22_195_816),
+    "ViT-B_16-gap-norep": (86_566_120, 86_857_960),
+    "ViT-S_32-gap-norep": (22_878_184, 22_914_664),
+    "ViT-B_32-gap-norep": (88_222_696, 88_295_656),
+}
+# Building L and H draws ~1e9 random numbers: counted on one backend only
+# (the architecture code is the same on all of them).
+BIG = {"ViT-L_16", "ViT-L_32", "ViT-H_14"}
+BACKEND = keras.backend.backend()
+TINY = dict(
+    hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2, patch_size=8,
+    input_shape=(32, 32, 3),
+)
+
+
+def test_param_table_covers_every_plain_variant():
+    plain = {name for name, f in variants.VARIANTS.items() if f.get("resnet") is None}
+    assert plain <= set(PARAM_COUNTS)
+
+
+@pytest.mark.parametrize("name", sorted(PARAM_COUNTS))
+def test_param_counts_at_224(name):
+    if name in BIG and BACKEND != "torch":
+        pytest.skip("large variants are counted under the torch backend")
+    assert keras_vit.get_model(name).count_params() == PARAM_COUNTS[name][0]
+
+
+@pytest.mark.parametrize("name", ["testing", "testing-unpooled", "ViT-Ti_16", "ViT-B_16-gap-norep"])
+def test_param_counts_at_384(name):
+    model = keras_vit.get_model(name, input_shape=(384, 384, 3))
+    assert model.count_params() == PARAM_COUNTS[name][1]
+
+
+@pytest.mark.parametrize(
+    "constructor, config",
+    [
+        (keras_vit.ViTTi16, "ViT-Ti_16"), (keras_vit.ViTS16, "ViT-S_16"),
+        (keras_vit.ViTS32, "ViT-S_32"), (keras_vit.ViTB8, "ViT-B_8"),
+        (keras_vit.ViTB16, "ViT-B_16"), (keras_vit.ViTB32, "ViT-B_32"),
+        (keras_vit.ViTL16, "ViT-L_16"), (keras_vit.ViTL32, "ViT-L_32"),
+        (keras_vit.ViTH14, "ViT-H_14"),
+    ],
+)
+def test_constructors_use_the_table(constructor, config):
+    # A tiny override of depth keeps this fast; everything else from the table.
+    model = constructor(num_layers=1, num_classes=7, include_top=True)
+    fields = variants.VARIANTS[config]
+    block = model.get_layer("encoderblock_0")
+    assert block.num_heads == fields["num_heads"]
+    assert block.mlp_dim == fields["mlp_dim"]
+    assert model.get_layer("embedding").patch_size == (fields["patch_size"],) * 2
+    assert model.get_layer("embedding").hidden_size == fields["hidden_size"]
+    assert model.output.shape == (None, 7)
+    assert model.name == variants.model_name(config)
+    assert config in constructor.__doc__
+
+
+def test_augreg_and_slash_names_resolve():
+    assert keras_vit.get_model("B_16", num_layers=1).name == "vit_b_16"
+    assert keras_vit.get_model("S/32", num_layers=1).name == "vit_s_32"
+    # AugReg fine-tuning uses dropout 0 (vit_jax configs/augreg.py).
+    model = keras_vit.get_model("L_16", num_layers=1)
+    assert model.get_layer("encoderblock_0").dropout_rate == 0.0
+    assert keras_vit.get_model("ViT-L_16", num_layers=1).get_layer("dropout").rate == 0.1
+
+
+def test_model_names_are_valid_identifiers():
+    for name in variants.VARIANTS:
+        assert variants.model_name(name).replace("_", "").isalnum()
+
+
+@pytest.mark.parametrize(
+    "include_top, pooling, classifier, expected",
+    [
+        (True, None, "token", (None, 5)),
+        (True, None, "gap", (None, 5)),
+        (True, None, "unpooled", (None, 16, 5)),
+        (True, None, "token_unpooled", (None, 17, 5)),
+        (False, None, "token", (None, 17, 16)),
+        (False, None, "gap", (None, 16, 16)),
+        (False, "token", "token", (None, 16)),
+        (False, "gap", "token", (None, 16)),
+        (False, "avg", "gap", (None, 16)),
+    ],
+)
+def test_outputs_of_include_top_and_pooling(include_top, pooling, classifier, expected):
+    model = keras_vit.ViT(
+        None, include_top=include_top, pooling=pooling, classifier=classifier,
+        num_classes=5, **TINY,
+    )
+    assert model.output.shape == expected
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    assert model.predict(x, verbose=0).shape == (2,) + expected[1:]
+
+
+def test_pooling_values():
+    model = keras_vit.ViT(None, include_top=False, **TINY)
+    randomize_weights(model)
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tokens = keras.ops.convert_to_numpy(model(x))
+    for pooling, expected in (("token", tokens[:, 0]), ("gap", tokens.mean(axis=1))):
+        pooled = keras_vit.ViT(None, include_top=False, pooling=pooling, **TINY)
+        pooled.set_weights(model.get_weights())
+        np.testing.assert_allclose(pooled(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_representation_size_pre_logits_with_tanh():
+    model = keras_vit.ViT(None, representation_size=12, num_classes=3, **TINY)
+    assert model.get_layer("pre_logits").units == 12
+    features = keras_vit.ViT(
+        None, include_top=False, pooling="token", representation_size=12, **TINY
+    )
+    assert features.output.shape == (None, 12)
+    randomize_weights(features)
+    x = np.random.default_rng(2).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    out = keras.ops.convert_to_numpy(features(x))
+    assert np.all(np.abs(out) <= 1.0) and np.std(out) > 0.1
+
+
+def test_head_and_class_token_initialisation():
+    model = keras_vit.ViT(None, num_classes=4, head_bias_init=-10.0, **TINY)
+    head = model.get_layer("head")
+    np.testing.assert_array_equal(head.kernel.numpy(), 0.0)
+    np.testing.assert_array_equal(head.bias.numpy(), -10.0)
+    np.testing.assert_array_equal(model.get_layer("cls").cls.numpy(), 0.0)
+    posemb = model.get_layer("posembed_input").pos_embedding.numpy()
+    assert 0.015 < posemb.std() < 0.025
+    mlp_bias = model.get_layer("encoderblock_0").mlp.dense_0.bias.numpy()
+    assert 0 < np.abs(mlp_bias).max() < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(32, 48, 3), (48, 32, 3), (64, 64, 3)])
+def test_non_square_and_other_sizes(shape):
+    model = keras_vit.ViT(None, **{**TINY, "input_shape": shape})
+    rows, cols = shape[0] // 8, shape[1] // 8
+    assert model.get_layer("posembed_input").pos_embedding.shape == (1, rows * cols + 1, 16)
+
+
+def test_input_tensor():
+    inputs = keras.Input((32, 32, 3))
+    model = keras_vit.ViT(None, input_tensor=inputs, include_top=False, pooling="gap", **{
+        k: v for k, v in TINY.items() if k != "input_shape"
+    })
+    assert model.inputs[0] is inputs
+    assert model.output.shape == (None, 16)
+
+
+def test_intermediate_blocks_can_be_tapped():
+    model = keras_vit.ViT(None, **TINY)
+    feature_model = keras.Model(
+        model.input,
+        [model.get_layer(f"encoderblock_{i}").output for i in range(2)],
+    )
+    x = np.zeros((1, 32, 32, 3), "float32")
+    outs = feature_model.predict(x, verbose=0)
+    assert [o.shape for o in outs] == [(1, 17, 16)] * 2
+
+
+def test_keras_save_and_load_same_outputs(tmp_path):
+    model = keras_vit.ViT(
+        None, representation_size=8, num_classes=3, drop_path_rate=0.1, **TINY
+    )
+    randomize_weights(model)
+    x = np.random.default_rng(3).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    path = str(tmp_path / "vit.keras")
+    model.save(path)
+    restored = keras.saving.load_model(path, safe_mode=True)
+    np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
+    as_json = lambda m: json.loads(json.dumps(m.get_config()))  # noqa: E731
+    assert as_json(restored) == as_json(model)
+
+
+def test_weights_h5_round_trip(tmp_path):
+    model = randomize_weights(keras_vit.get_model("testing", input_shape=(32, 32, 3)))
+    path = str(tmp_path / "vit.weights.h5")
+    model.save_weights(path)
+    restored = keras_vit.get_model("testing", input_shape=(32, 32, 3), weights=path)
+    for a, b in zip(model.weights, restored.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_gradient_reaches_every_weight():
+    model = keras_vit.ViT(None, representation_size=8, num_classes=3, **TINY)
+    randomize_weights(model)  # A zero head would block every upstream gradient.
+    x = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    grads = gradients(model, x, training=False)
+    assert len(grads) == len(model.trainable_variables) > 0
+    for variable, grad in zip(model.trainable_variables, grads):
+        assert np.abs(grad).max() > 0, f"no gradient reaches {variable.path}"
+
+
+def test_dropout_and_drop_path_only_in_training():
+    model = keras_vit.ViT(None, dropout_rate=0.3, drop_path_rate=0.3, **TINY)
+    randomize_weights(model)
+    x = np.random.default_rng(5).uniform(-1, 1, (4, 32, 32, 3)).astype("float32")
+    a, b = model(x, training=False), model(x, training=False)
+    np.testing.assert_array_equal(a, b)
+    c = model(x, training=True)
+    assert np.abs(keras.ops.convert_to_numpy(c) - keras.ops.convert_to_numpy(a)).max() > 1e-3
+    rates = [model.get_layer(f"encoderblock_{i}").drop_path_rate for i in range(2)]
+    assert rates == [0.0, 0.3]  # Linear in depth.
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(input_shape=(30, 32, 3)), r"input_shape=\(30, 32, 3\)"),
+        (dict(input_shape=(32, 32)), r"input_shape=\(32, 32\)"),
+        (dict(pooling="max", include_top=False), "pooling='max'"),
+        (dict(classifier="cls"), "classifier='cls'"),
+        (dict(num_classes=0), "num_classes=0"),
+        (dict(representation_size=-3), "representation_size=-3"),
+        (dict(dropout_rate=1.5), "dropout_rate=1.5"),
+        (dict(patch_size=(8, 0)), r"patch_size=\(8, 0\)"),
+        (dict(classifier="gap", pooling="token", include_top=False), "pooling='token'"),
+        (dict(include_top="yes"), "include_top='yes'"),
+    ],
+)
+def test_bad_arguments_name_the_value(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        keras_vit.ViT(None, **{**TINY, **kwargs})
+
+
+def test_unknown_variant_and_keyword():
+    with pytest.raises(ValueError, match="variant='ViT-X_16'"):
+        keras_vit.get_model("ViT-X_16")
+    with pytest.raises(TypeError, match="hidden=3"):
+        keras_vit.get_model("testing", hidden=3)
+
+
+def test_num_heads_must_divide_width():
+    with pytest.raises(ValueError, match="num_heads=3"):
+        keras_vit.ViT(None, **{**TINY, "num_heads": 3})
+
+
+def test_preprocess_input():
+    pixels = np.array([[0, 51, 255]], "uint8")
+    out = keras.ops.convert_to_numpy(keras_vit.preprocess_input(pixels))
+    np.testing.assert_allclose(out, [[-1.0, -0.6, 1.0]], atol=1e-7)
+    assert out.dtype == np.float32
+
+
+@pytest.mark.large
+def test_full_size_b16_forward_pass_is_finite():
+    model = keras_vit.ViTB16()
+    x = np.random.default_rng(6).uniform(-1, 1, (1, 224, 224, 3)).astype("float32")
+    out = model.predict(x, verbose=0)
+    # Zero-initialised head: logits are exactly 0 until fine-tuned.
+    np.testing.assert_array_equal(out, 0.0)
+    features = keras.Model(model.input, model.get_layer("encoder_norm").output)(x)
+    assert np.isfinite(keras.ops.convert_to_numpy(features)).all()
