@@ -1,0 +1,172 @@
+"""Layers: config round trips, numerics against numpy, attention scores,
+mixed precision."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import layers
+from tests.helpers import randomize_weights
+
+RNG = np.random.default_rng(0)
+
+
+def tokens(shape=(2, 5, 8)):
+    return RNG.normal(size=shape).astype("float32")
+
+
+LAYER_CASES = [
+    (layers.PatchEmbedding, dict(hidden_size=8, patch_size=(4, 2)), (2, 8, 8, 3)),
+    (layers.ClassToken, dict(), (2, 5, 8)),
+    (layers.AddPositionEmbedding, dict(), (2, 5, 8)),
+    (layers.SequencePooling, dict(method="gap"), (2, 5, 8)),
+    (layers.MlpBlock, dict(mlp_dim=16, dropout_rate=0.1), (2, 5, 8)),
+    (
+        layers.TransformerEncoderBlock,
+        dict(num_heads=2, mlp_dim=16, dropout_rate=0.1, attention_dropout_rate=0.2,
+             drop_path_rate=0.1, layer_norm_epsilon=1e-5, seed=3),
+        (2, 5, 8),
+    ),
+]
+
+
+@pytest.mark.parametrize("cls, kwargs, shape", LAYER_CASES, ids=lambda c: getattr(c, "__name__", ""))
+def test_config_round_trip_and_same_outputs(cls, kwargs, shape):
+    layer = cls(**kwargs, name="layer")
+    x = RNG.normal(size=shape).astype("float32")
+    out = keras.ops.convert_to_numpy(layer(x))
+    config = layer.get_config()
+    for key, value in kwargs.items():
+        assert config[key] == (list(value) if isinstance(value, tuple) else value) or (
+            config[key] == value
+        )
+    revived = cls.from_config(json.loads(json.dumps(config)))
+    assert json.loads(json.dumps(revived.get_config())) == json.loads(json.dumps(config))
+    revived(x)
+    revived.set_weights(layer.get_weights())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(revived(x)), out, atol=1e-6)
+    serialized = keras.saving.serialize_keras_object(layer)
+    assert serialized["registered_name"] == f"keras_vit>{cls.__name__}"
+    assert type(keras.saving.deserialize_keras_object(serialized)) is cls
+
+
+def test_patch_embedding_equals_flattened_patches_times_kernel():
+    layer = layers.PatchEmbedding(hidden_size=6, patch_size=(2, 3))
+    images = RNG.normal(size=(2, 4, 9, 3)).astype("float32")
+    layer.build(images.shape)
+    randomize = RNG.normal(size=layer.kernel.shape).astype("float32")
+    layer.kernel.assign(randomize)
+    layer.bias.assign(np.arange(6, dtype="float32"))
+    out = keras.ops.convert_to_numpy(layer(images))
+    kernel = randomize.reshape(-1, 6)
+    expected = []
+    for r in range(2):  # Row-major token order: token = row * cols + col.
+        for c in range(3):
+            patch = images[:, 2 * r: 2 * r + 2, 3 * c: 3 * c + 3, :].reshape(2, -1)
+            expected.append(patch @ kernel + np.arange(6))
+    np.testing.assert_allclose(out, np.stack(expected, axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_class_token_is_prepended_and_position_embedding_added():
+    x = tokens()
+    cls_layer = layers.ClassToken()
+    cls_layer.build(x.shape)
+    cls_layer.cls.assign(np.full((1, 1, 8), 7.0, "float32"))
+    out = keras.ops.convert_to_numpy(cls_layer(x))
+    np.testing.assert_array_equal(out[:, 0], 7.0)
+    np.testing.assert_array_equal(out[:, 1:], x)
+    posemb = layers.AddPositionEmbedding()
+    added = keras.ops.convert_to_numpy(posemb(out))
+    np.testing.assert_allclose(added - out, np.broadcast_to(posemb.pos_embedding.numpy(), out.shape), atol=1e-6)
+
+
+def numpy_layer_norm(x, gamma, beta, eps=1e-6):
+    mean = x.mean(-1, keepdims=True)
+    var = (x * x).mean(-1, keepdims=True) - mean**2  # Flax's formula.
+    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+
+
+def numpy_gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def numpy_block(x, block):
+    """Encoder1DBlock of the original, written with numpy from the weights."""
+    w = lambda v: v.numpy().astype(np.float64)  # noqa: E731
+    att = block.attention
+    y = numpy_layer_norm(x, w(block.layer_norm_0.gamma), w(block.layer_norm_0.beta))
+    q = np.einsum("btd,dhk->bthk", y, w(att.query_dense.kernel)) + w(att.query_dense.bias)
+    k = np.einsum("btd,dhk->bthk", y, w(att.key_dense.kernel)) + w(att.key_dense.bias)
+    v = np.einsum("btd,dhk->bthk", y, w(att.value_dense.kernel)) + w(att.value_dense.bias)
+    logits = np.einsum("bqhk,bshk->bhqs", q / np.sqrt(q.shape[-1]), k)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    heads = np.einsum("bhqs,bshk->bqhk", probs, v)
+    y = np.einsum("bqhk,hkd->bqd", heads, w(att.output_dense.kernel)) + w(att.output_dense.bias)
+    x = x + y
+    y = numpy_layer_norm(x, w(block.layer_norm_2.gamma), w(block.layer_norm_2.beta))
+    y = numpy_gelu_tanh(y @ w(block.mlp.dense_0.kernel) + w(block.mlp.dense_0.bias))
+    y = y @ w(block.mlp.dense_1.kernel) + w(block.mlp.dense_1.bias)
+    return x + y, probs
+
+
+def test_encoder_block_and_attention_scores_equal_numpy():
+    block = layers.TransformerEncoderBlock(num_heads=2, mlp_dim=16)
+    x = tokens()
+    block(x)
+    for variable in block.weights:
+        variable.assign(RNG.normal(0, 0.5, variable.shape).astype("float32"))
+    expected, expected_probs = numpy_block(x.astype(np.float64), block)
+    fused = keras.ops.convert_to_numpy(block(x))
+    out, scores = block(x, return_attention_scores=True)
+    np.testing.assert_allclose(fused, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), fused, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(scores), expected_probs, atol=1e-5)
+    assert scores.shape == (2, 2, 5, 5)
+
+
+def test_attention_kernels_use_the_flax_fans():
+    block = layers.TransformerEncoderBlock(num_heads=4, mlp_dim=8)
+    block.build((1, 3, 64))
+    kernel = block.attention.query_dense.kernel.numpy()
+    limit = np.sqrt(6 / (64 + 64))  # xavier on the flattened (64, 64) kernel
+    assert kernel.shape == (64, 4, 16)
+    assert limit * 0.9 < np.abs(kernel).max() <= limit
+
+
+def test_layer_norms_use_epsilon_1e_6():
+    model = keras_vit.get_model("testing", input_shape=(32, 32, 3))
+    assert model.get_layer("encoder_norm").epsilon == 1e-6
+    assert model.get_layer("encoderblock_0").layer_norm_0.epsilon == 1e-6
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision(policy):
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = keras_vit.ViT(
+            None, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=8,
+            input_shape=(16, 16, 3), num_classes=3, representation_size=8,
+        )
+    finally:
+        keras.config.set_dtype_policy("float32")
+    randomize_weights(model)
+    assert all(v.dtype == "float32" for v in model.weights)
+    x = RNG.uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
+    features = keras.Model(model.input, model.get_layer("encoderblock_0").output)(x)
+    assert keras.backend.standardize_dtype(features.dtype) == policy.split("_")[1]
+    logits = model(x)
+    assert keras.backend.standardize_dtype(logits.dtype) == "float32"
+    reference = keras_vit.ViT(
+        None, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=8,
+        input_shape=(16, 16, 3), num_classes=3, representation_size=8,
+    )
+    reference.set_weights(model.get_weights())
+    expected = keras.ops.convert_to_numpy(reference(x))
+    # bfloat16 keeps 8 bits of mantissa: a few per cent of the logit scale.
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(logits), expected, atol=0.05 * np.abs(expected).max()
+    )
