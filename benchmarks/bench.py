@@ -1,0 +1,263 @@
+"""Throughput of keras_vit against keras-hub's ViT and timm, per backend.
+
+    python benchmarks/bench.py                      # Ti/S/B, every backend
+    python benchmarks/bench.py --backends jax --models B --batches 32
+    python benchmarks/bench.py --smoke              # tiny sizes, seconds
+
+Each backend runs in its own process (`KERAS_BACKEND` is fixed at import).
+Inside it the libraries are measured in interleaved repeats (keras_vit,
+keras-hub, timm, keras_vit, ...) so that a change in machine load hits all of
+them alike; warm-up (compilation) is excluded and the median is reported.
+Inference is `predict_on_batch`; training is `train_on_batch` (the compiled
+train step `fit` runs) with AdamW and softmax cross-entropy. The fraction of
+the matmul peak uses a large float32 matmul measured in the same process.
+Peers that are not installed are reported as such.
+"""
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+SIZES = {
+    # name: (hidden, mlp, heads, layers, patch)
+    "Ti": (192, 768, 3, 12, 16),
+    "S": (384, 1536, 6, 12, 16),
+    "B": (768, 3072, 12, 12, 16),
+    "tiny": (32, 64, 2, 1, 8),  # --smoke
+}
+
+
+def forward_flops(size, image, num_classes=1000):
+    """Multiply-adds x 2 of one forward pass (matmuls only; the rest is
+    negligible): patch embedding, per block q/k/v, scores, weighted sum,
+    output projection and MLP, and the head."""
+    hidden, mlp, _, layers, patch = SIZES[size]
+    patches = (image // patch) ** 2
+    tokens = patches + 1
+    per_block = (
+        3 * tokens * hidden * hidden  # q, k, v
+        + 2 * tokens * tokens * hidden  # q.k and probs.v
+        + tokens * hidden * hidden  # output projection
+        + 2 * tokens * hidden * mlp  # MLP
+    )
+    embed = patches * patch * patch * 3 * hidden
+    return 2 * (embed + layers * per_block + hidden * num_classes)
+
+
+# --- Worker: one backend, one process -----------------------------------------
+
+
+def _timed(fn, iterations):
+    start = time.perf_counter()
+    for _ in range(iterations):
+        fn()
+    return (time.perf_counter() - start) / iterations
+
+
+def matmul_peak_gflops(n=2048, iterations=10):
+    import keras
+
+    a = keras.random.normal((n, n))
+    b = keras.random.normal((n, n))
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        f = jax.jit(lambda x, y: x @ y)
+        run = lambda: f(a, b).block_until_ready()  # noqa: E731
+    elif backend == "tensorflow":
+        import tensorflow as tf
+
+        f = tf.function(lambda x, y: tf.matmul(x, y), jit_compile=True)
+        run = lambda: f(a, b).numpy()  # noqa: E731
+    else:
+        run = lambda: keras.ops.matmul(a, b).cpu()  # noqa: E731
+    run()
+    return 2 * n**3 / _timed(run, iterations) / 1e9
+
+
+def build_keras_vit(size, image, dtype):
+    import keras_vit
+
+    hidden, mlp, heads, layers, patch = SIZES[size]
+    return keras_vit.ViT(
+        None, hidden_size=hidden, mlp_dim=mlp, num_heads=heads, num_layers=layers,
+        patch_size=patch, input_shape=(image, image, 3), num_classes=1000,
+    )
+
+
+def build_keras_hub(size, image, dtype):
+    import keras
+    import keras_hub
+
+    hidden, mlp, heads, layers, patch = SIZES[size]
+    backbone = keras_hub.models.ViTBackbone(
+        image_shape=(image, image, 3), patch_size=patch, num_layers=layers,
+        num_heads=heads, hidden_dim=hidden, mlp_dim=mlp,
+    )
+    logits = keras.layers.Dense(1000, dtype="float32")(backbone.output[:, 0])
+    return keras.Model(backbone.input, logits)
+
+
+def keras_runner(model, x, y, mode):
+    import keras
+
+    if mode == "inference":
+        return lambda: keras.ops.convert_to_numpy(model.predict_on_batch(x))
+    model.compile(
+        optimizer=keras.optimizers.AdamW(1e-4),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return lambda: model.train_on_batch(x, y)
+
+
+def timm_runner(size, image, x, y, mode):
+    import timm
+    import torch
+
+    hidden, mlp, heads, layers, patch = SIZES[size]
+    model = timm.models.vision_transformer.VisionTransformer(
+        img_size=image, patch_size=patch, embed_dim=hidden, depth=layers,
+        num_heads=heads, mlp_ratio=mlp / hidden, num_classes=1000,
+    )
+    xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+    yt = torch.from_numpy(y.astype("int64"))
+    if mode == "inference":
+        model.eval()
+
+        def run():
+            with torch.no_grad():
+                model(xt)
+
+        return run
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(xt), yt).backward()
+        optimizer.step()
+
+    return step
+
+
+def run_worker(args):
+    """Measures every configuration on the active backend; returns rows."""
+    import keras
+    import numpy as np
+
+    if args.dtype != "float32":
+        keras.config.set_dtype_policy(args.dtype)
+    backend = keras.backend.backend()
+    peak = matmul_peak_gflops(512 if args.smoke else 2048)
+    image = 32 if args.smoke else 224
+    rows = []
+    for size in args.models:
+        for mode, batches in (("inference", args.batches), ("training", args.train_batches)):
+            for batch in batches:
+                rng = np.random.default_rng(0)
+                x = rng.uniform(-1, 1, (batch, image, image, 3)).astype("float32")
+                y = rng.integers(0, 1000, (batch,))
+                runners = {"keras_vit": keras_runner(build_keras_vit(size, image, args.dtype), x, y, mode)}
+                try:
+                    runners["keras-hub"] = keras_runner(build_keras_hub(size, image, args.dtype), x, y, mode)
+                except ImportError:
+                    pass
+                if backend == "torch" and args.dtype == "float32":
+                    try:
+                        runners["timm"] = timm_runner(size, image, x, y, mode)
+                    except ImportError:
+                        pass
+                for run in runners.values():
+                    run()  # Warm-up: compilation and first-call allocations.
+                    run()
+                times = {name: [] for name in runners}
+                for _ in range(args.repeats):
+                    for name, run in runners.items():
+                        times[name].append(_timed(run, args.iterations))
+                flops = forward_flops(size, image) * (3 if mode == "training" else 1)
+                row = dict(
+                    backend=backend, model=size, mode=mode, batch=batch, dtype=args.dtype,
+                    matmul_peak_gflops=round(peak, 1), load=os.getloadavg()[0],
+                    peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                )
+                for name, samples in times.items():
+                    median = statistics.median(samples)
+                    row[f"{name}_img_s"] = round(batch / median, 2)
+                    row[f"{name}_gflops"] = round(flops * batch / median / 1e9, 1)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    return rows
+
+
+# --- Driver -------------------------------------------------------------------
+
+
+def markdown(rows):
+    lines = [
+        "| backend | model | mode | batch | keras_vit img/s | keras-hub img/s | ratio vs keras-hub "
+        "| timm img/s | keras_vit GFLOP/s | % of matmul peak |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ours, hub = r["keras_vit_img_s"], r.get("keras-hub_img_s")
+        lines.append(
+            f"| {r['backend']} | {r['model']} | {r['mode']} | {r['batch']} | {ours} "
+            f"| {hub if hub else 'n/a'} | {f'{ours / hub:.2f}x' if hub else 'n/a'} "
+            f"| {r.get('timm_img_s', '–')} | {r['keras_vit_gflops']} "
+            f"| {100 * r['keras_vit_gflops'] / r['matmul_peak_gflops']:.0f} % |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backends", default="jax,tensorflow,torch")
+    parser.add_argument("--models", default="Ti,S,B")
+    parser.add_argument("--batches", default="1,32", help="inference batch sizes")
+    parser.add_argument("--train-batches", default="16", help="training batch sizes")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=3, help="steps per timed sample")
+    parser.add_argument("--dtype", default="float32", help="float32 or mixed_bfloat16")
+    parser.add_argument("--smoke", action="store_true", help="tiny model, 1 repeat")
+    parser.add_argument("--json", help="write all rows to this JSON file")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.models = ["tiny"] if args.smoke else args.models.split(",")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.train_batches = [int(b) for b in args.train_batches.split(",")]
+    if args.smoke:
+        args.batches, args.train_batches, args.repeats, args.iterations = [2], [2], 1, 1
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        run_worker(args)
+        return
+    rows = []
+    worker_argv = [a for a in (argv or sys.argv[1:])] + ["--worker"]
+    for backend in args.backends.split(","):
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+        result = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *worker_argv],
+            env=env, capture_output=True, text=True,
+        )
+        if result.returncode:
+            sys.stderr.write(result.stderr[-3000:])
+            raise SystemExit(f"the {backend} worker failed")
+        rows += [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
+    print(markdown(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
