@@ -2,6 +2,11 @@
 
 from keras_vit import layers
 from keras_vit.models import (
+    R26ViTB32,
+    R26ViTS32,
+    R50ViTB16,
+    R50ViTL32,
+    RViTTi16,
     ViT,
     ViTB8,
     ViTB16,

@@ -53,7 +53,7 @@ def gradients(model, x, y=None, training=True):
             out, _ = model.stateless_call(tv, non_trainable, x, training=training)
             return loss_of(out)
 
-        return [np.asarray(g) for g in jax.grad(f)(trainable)]
+        return [np.asarray(g) for g in jax.jit(jax.grad(f))(trainable)]
     import torch
 
     model.zero_grad() if hasattr(model, "zero_grad") else None
@@ -61,3 +61,17 @@ def gradients(model, x, y=None, training=True):
     loss.backward()
     grads = [v.value.grad for v in variables]
     return [np.zeros(v.shape) if g is None else g.detach().cpu().numpy() for v, g in zip(variables, grads)]
+
+
+def lazy_build(build):
+    """Runs `build()` without allocating or initialising any weight.
+
+    In a StatelessScope Keras defers variable initialisation; the deferred
+    variables are then dropped with the session state instead of being
+    initialised when the next scope exits. Shapes (and so parameter counts)
+    are real.
+    """
+    with keras.StatelessScope(initialize_variables=False):
+        result = build()
+    keras.backend.clear_session(free_memory=False)
+    return result

@@ -1,6 +1,11 @@
 """ViT model builders."""
 
 from keras_vit.models.vit import (
+    R26ViTB32,
+    R26ViTS32,
+    R50ViTB16,
+    R50ViTL32,
+    RViTTi16,
     ViT,
     ViTB8,
     ViTB16,

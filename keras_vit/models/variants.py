@@ -27,6 +27,9 @@ DEFAULTS = dict(
     attention_dropout_rate=0.0,
     classifier="token",
     representation_size=None,
+    # Hybrids: residual units per stage of the ResNet stem; `()` is the root
+    # alone, None a plain ViT (patches of raw pixels).
+    resnet=None,
 )
 
 
@@ -62,6 +65,18 @@ VARIANTS = {
     "ViT-B_16-gap-norep": _vit("B", 16, classifier="gap"),
     "ViT-S_32-gap-norep": _vit("S", 32, classifier="gap"),
     "ViT-B_32-gap-norep": _vit("B", 32, classifier="gap"),
+    # Hybrids (paper Sec. 3.1, 4.1): the patches are taken from a ResNet
+    # feature map; "patch" is then the patch size on that map.
+    # R+Ti/16 (AugReg): the root alone, then 8x8 patches. The original's
+    # comment says stride 16, but its code (root conv /2, max-pool /2, patch 8)
+    # gives 32: (1, 50, 192) position embeddings at 224 px; we follow the code.
+    "R+ViT-Ti_16": _vit("Ti", 8, resnet=()),
+    # R50 for B/16 moves stage 4's units into stage 3 (3, 4, 9), keeping
+    # stride 16 (vit_jax README, 2020-12-01).
+    "R50+ViT-B_16": _vit("B", 1, resnet=(3, 4, 9), dropout_rate=0.1),
+    "R26+ViT-B_32": _vit("B", 1, resnet=(2, 2, 2, 2)),
+    "R26+ViT-S_32": _vit("S", 1, resnet=(2, 2, 2, 2)),
+    "R50+ViT-L_32": _vit("L", 1, resnet=(3, 4, 6, 3), dropout_rate=0.1),
 }
 
 CLASSIFIERS = ("token", "gap", "unpooled", "token_unpooled")

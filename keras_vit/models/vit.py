@@ -5,17 +5,23 @@ import keras
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.utils import check_rate, normalize_pair
+from keras_vit.models import resnet as resnet_lib
 from keras_vit.models import variants
 
 DEFAULT_INPUT_SHAPE = (224, 224, 3)
 POOLINGS = (None, "token", "gap", "avg")
 
 # Keywords that change the architecture or regularisation, beyond the table.
-EXTRA_FIELDS = dict(drop_path_rate=0.0, head_bias_init=0.0)
+# `resnet_width_factor` scales the hybrids' ResNet (root width 64 x factor;
+# 1 in every published model).
+EXTRA_FIELDS = dict(drop_path_rate=0.0, head_bias_init=0.0, resnet_width_factor=1)
 
 
-def _check_input_shape(input_shape, stride):
-    """Validates `(H, W, C)` and that the sides are multiples of `stride`."""
+def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
+    """Validates `(H, W, C)` and that the sides are multiples of `stride`.
+
+    For hybrids `stride` is the effective stride (stem stride x patch size).
+    """
     try:
         shape = tuple(input_shape)
     except TypeError:
@@ -24,6 +30,12 @@ def _check_input_shape(input_shape, stride):
         raise ValueError(
             "`input_shape` must be a tuple of 3 positive ints (height, width, "
             f"channels). Received: input_shape={input_shape!r}"
+        )
+    if (shape[0] % stride[0] or shape[1] % stride[1]) and stem_stride > 1:
+        raise ValueError(
+            f"The image height and width must be multiples of the effective "
+            f"stride {stride[0]}x{stride[1]} (ResNet stem stride {stem_stride} x "
+            f"patch size {patch[0]}x{patch[1]}). Received: input_shape={shape}"
         )
     if shape[0] % stride[0] or shape[1] % stride[1]:
         raise ValueError(
@@ -81,9 +93,9 @@ def ViT(
 
     Args:
         variant: str or None. An original config name (`"ViT-B_16"`,
-            `"ViT-B_16-gap-norep"`, `"testing"`, ...), an AugReg name
-            (`"B_16"`, ...) or None for a fully custom model built from the
-            keywords below.
+            `"ViT-B_16-gap-norep"`, `"R50+ViT-B_16"`, `"testing"`, ...), an
+            AugReg name (`"B_16"`, `"R26_S_32"`, ...) or None for a fully
+            custom model built from the keywords below.
         include_top: bool. Whether to add the classification head.
         weights: None, a path to an original `.npz` or a Keras
             `.weights.h5` file, or a registered name (`"imagenet21k"`,
@@ -91,7 +103,8 @@ def ViT(
             see `keras_vit.weights.available_weights`).
         input_tensor: optional Keras tensor to use as the image input.
         input_shape: `(height, width, channels)`; the sides must be multiples
-            of the patch size. Defaults to `(224, 224, 3)`.
+            of the patch size (for hybrids: of the ResNet stem's stride times
+            the patch size). Defaults to `(224, 224, 3)`.
         pooling: with `include_top=False`: None returns the token sequence
             `(B, T, D)` after `encoder_norm`; `"token"` or `"gap"` (alias
             `"avg"`) the pooled representation (through `pre_logits` when the
@@ -106,9 +119,12 @@ def ViT(
         **overrides: any field of the variant table (`patch_size`,
             `hidden_size`, `mlp_dim`, `num_heads`, `num_layers`,
             `dropout_rate`, `attention_dropout_rate`, `classifier`,
-            `representation_size`) plus `drop_path_rate` (stochastic depth,
-            increasing linearly to this rate over the blocks) and
-            `head_bias_init` (e.g. -10 for sigmoid pre-training).
+            `representation_size`, `resnet`: residual units per stage of a
+            hybrid's ResNet stem, `()` for its root alone) plus
+            `drop_path_rate` (stochastic depth, increasing linearly to this
+            rate over the blocks), `head_bias_init` (e.g. -10 for sigmoid
+            pre-training) and `resnet_width_factor` (hybrids: root width
+            `64 * resnet_width_factor`, a multiple of 32).
 
     Inputs are NHWC floats in [-1, 1]; see `keras_vit.preprocess_input`.
 
@@ -135,11 +151,28 @@ def ViT(
     patch = normalize_pair(fields["patch_size"], "patch_size")
     for rate in ("dropout_rate", "attention_dropout_rate", "drop_path_rate"):
         check_rate(fields[rate], rate)
+    # Hybrids: a ResNet stem in front of the patch embedding (paper Sec. 3.1).
+    stem_stride = 1
+    if fields["resnet"] is not None:
+        fields["resnet"], _ = resnet_lib.check_resnet(
+            fields["resnet"], fields["resnet_width_factor"]
+        )
+        stem_stride = resnet_lib.stem_stride(fields["resnet"])
+    elif fields["resnet_width_factor"] != 1:
+        raise ValueError(
+            "`resnet_width_factor` only applies to hybrid models (`resnet` set). "
+            f"Received: resnet_width_factor={fields['resnet_width_factor']!r}"
+        )
 
     # --- Input ---
     if input_tensor is not None and input_shape is None:
         input_shape = tuple(input_tensor.shape[1:])
-    input_shape = _check_input_shape(input_shape or DEFAULT_INPUT_SHAPE, patch)
+    input_shape = _check_input_shape(
+        input_shape or DEFAULT_INPUT_SHAPE,
+        (stem_stride * patch[0], stem_stride * patch[1]),
+        stem_stride,
+        patch,
+    )
     if input_tensor is None:
         inputs = keras.Input(shape=input_shape, name="images")
     elif keras.backend.is_keras_tensor(input_tensor):
@@ -148,9 +181,12 @@ def ViT(
         inputs = keras.Input(tensor=input_tensor, shape=input_shape, name="images")
 
     # --- Embedding: patches, [class] token, position embedding ---
+    x = inputs
+    if fields["resnet"] is not None:
+        x = resnet_lib.resnet_stem(x, fields["resnet"], fields["resnet_width_factor"])
     x = vit_layers.PatchEmbedding(
         fields["hidden_size"], patch, name="embedding"
-    )(inputs)
+    )(x)
     if has_class_token:
         x = vit_layers.ClassToken(name="cls")(x)
     x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
@@ -261,14 +297,18 @@ def _make_constructor(config_name, function_name):
         )
 
     fields = variants.VARIANTS[config_name]
+    size = (
+        f"patch {fields['patch_size']}, width {fields['hidden_size']}, "
+        f"{fields['num_layers']} blocks, {fields['num_heads']} heads"
+    )
+    if fields.get("resnet") is not None:
+        size = (
+            f"ResNet stem with stages {fields['resnet']} (stride "
+            f"{resnet_lib.stem_stride(fields['resnet'])}), {size}"
+        )
     constructor.__name__ = constructor.__qualname__ = function_name
     constructor.__doc__ = _CONSTRUCTOR_DOC.format(
-        config=config_name,
-        function=function_name,
-        size=(
-            f"patch {fields['patch_size']}, width {fields['hidden_size']}, "
-            f"{fields['num_layers']} blocks, {fields['num_heads']} heads"
-        ),
+        config=config_name, function=function_name, size=size
     )
     return constructor
 
@@ -282,13 +322,20 @@ ViTB32 = _make_constructor("ViT-B_32", "ViTB32")
 ViTL16 = _make_constructor("ViT-L_16", "ViTL16")
 ViTL32 = _make_constructor("ViT-L_32", "ViTL32")
 ViTH14 = _make_constructor("ViT-H_14", "ViTH14")
+# Hybrids: the same ViT behind a ResNet stem.
+RViTTi16 = _make_constructor("R+ViT-Ti_16", "RViTTi16")
+R26ViTS32 = _make_constructor("R26+ViT-S_32", "R26ViTS32")
+R26ViTB32 = _make_constructor("R26+ViT-B_32", "R26ViTB32")
+R50ViTB16 = _make_constructor("R50+ViT-B_16", "R50ViTB16")
+R50ViTL32 = _make_constructor("R50+ViT-L_32", "R50ViTL32")
 
 
 def get_model(name, **kwargs):
     """Builds a model from an original config name or an AugReg name.
 
     `get_model("ViT-B_16")`, `get_model("ViT-B_16-gap-norep")`,
-    `get_model("testing")`, `get_model("B_16", weights="augreg")`; keyword
-    arguments as `ViT`.
+    `get_model("testing")`, `get_model("B_16", weights="augreg")`,
+    `get_model("R50+ViT-B_16")`, `get_model("R26_S_32")`; keyword arguments as
+    `ViT`.
     """
     return ViT(name, **kwargs)

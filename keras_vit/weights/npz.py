@@ -30,6 +30,9 @@ POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # Extra key written by `export_npz` for grids that cannot be inferred.
 GRID_KEY = "keras_vit/posemb_grid"
 _BLOCK = re.compile(r"^encoderblock_(\d+)$")
+# Hybrid ResNet layers: Keras names cannot hold "/", so the checkpoint's
+# `block1/unit1/conv1` is the layer `block1_unit1_conv1`.
+_RESNET_LAYER = re.compile(r"^(block\d+)_(unit\d+)_(conv[123]|conv_proj|gn[123]|gn_proj)$")
 # Flax Linen renumbers a block's sub-modules per class; the files number them
 # with one counter per block (flax `convert_pre_linen`).
 _LINEN_TO_FILE = {
@@ -84,12 +87,26 @@ def checkpoint_variables(model):
             mapping.update(_norm("Transformer/encoder_norm", layer))
         elif name in ("pre_logits", "head") and isinstance(layer, keras.layers.Dense):
             mapping.update(_dense(name, layer))
+        elif isinstance(layer, vit_layers.StdConv2D) and (
+            name == "conv_root" or _RESNET_LAYER.match(name)
+        ):
+            mapping[f"{_resnet_key(name)}/kernel"] = layer.kernel
+        elif isinstance(layer, keras.layers.GroupNormalization) and (
+            name == "gn_root" or _RESNET_LAYER.match(name)
+        ):
+            mapping.update(_norm(_resnet_key(name), layer))
     if "embedding/kernel" not in mapping or POSEMB_KEY not in mapping:
         raise ValueError(
             "The model has no `embedding` and `posembed_input` layers, so it "
             f"is not a keras_vit ViT. Received: model={model.name!r}"
         )
     return mapping
+
+
+def _resnet_key(layer_name):
+    """`block1_unit1_conv1` -> `block1/unit1/conv1`; root names are unchanged."""
+    match = _RESNET_LAYER.match(layer_name)
+    return "/".join(match.groups()) if match else layer_name
 
 
 def model_grid(model):
@@ -141,9 +158,15 @@ def _describe(arrays):
     """A short architecture summary of a checkpoint, for error messages."""
     width = arrays.get("embedding/bias")
     blocks = {k.split("/")[1] for k in arrays if k.startswith("Transformer/encoderblock_")}
+    stages = {k.split("/")[0] for k in arrays if re.match(r"^block\d+/unit\d+/", k)}
+    stem = (
+        f"hybrid with a ResNet stem of {len(stages)} stage(s)"
+        if "conv_root/kernel" in arrays else "no ResNet stem (plain ViT)"
+    )
     return (
         f"width {None if width is None else width.shape[-1]}, {len(blocks)} blocks, "
-        f"patch {None if 'embedding/kernel' not in arrays else arrays['embedding/kernel'].shape[:2]}"
+        f"patch {None if 'embedding/kernel' not in arrays else arrays['embedding/kernel'].shape[:2]}, "
+        f"{stem}"
     )
 
 
