@@ -1,0 +1,379 @@
+"""Input pipelines: ops, RandAugment, mixup, sources and batches for fit."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import keras_vit
+from keras_vit.data import ops
+from keras_vit.data import pipelines
+
+# Base colour per class; images are the colour plus noise in [-25, 25], so a
+# crop's mean colour tells the class whatever the crop and flip.
+CLASS_COLORS = {"ant": (200, 30, 30), "bee": (30, 200, 30), "cat": (30, 30, 200)}
+SIZES = [(40, 56), (48, 36), (33, 33)]
+
+
+def _image(color, size, seed):
+    rng = np.random.default_rng(seed)
+    noise = rng.integers(-25, 26, size + (3,))
+    return np.clip(np.array(color) + noise, 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """Class folders created out of order; one JPEG, one upper-case name, a
+    non-image file and a hidden folder that must be skipped."""
+    root = tmp_path_factory.mktemp("images")
+    expected = []  # (path, label, pixels) in sorted order.
+    for label, name in enumerate(sorted(CLASS_COLORS)):
+        (root / name).mkdir()
+        for i, size in enumerate(SIZES):
+            pixels = _image(CLASS_COLORS[name], size, seed=10 * label + i)
+            fname = f"img{i}.png" if i != 1 else f"IMG{i}.PNG"
+            tf.io.write_file(str(root / name / fname), tf.io.encode_png(pixels))
+            expected.append((str(root / name / fname), label, pixels))
+    jpeg = _image(CLASS_COLORS["cat"], (30, 40), seed=99)
+    tf.io.write_file(str(root / "cat" / "z.jpg"), tf.io.encode_jpeg(jpeg, quality=95))
+    expected.append((str(root / "cat" / "z.jpg"), 2, None))
+    (root / "cat" / "notes.txt").write_text("not an image")
+    (root / ".hidden").mkdir()
+    expected.sort(key=lambda e: (e[1], os.path.basename(e[0])))
+    return root, expected
+
+
+def _batches(dataset, n):
+    images, labels = [], []
+    for x, y in dataset.take(n):
+        images.append(x.numpy())
+        labels.append(y.numpy())
+    return np.concatenate(images), np.concatenate(labels)
+
+
+# ---------------------------------------------------------------------------
+# Ops.
+# ---------------------------------------------------------------------------
+
+
+def test_normalize_matches_preprocess_input():
+    x = tf.constant([[[0, 127, 255]]], tf.uint8)
+    np.testing.assert_allclose(ops.normalize(x).numpy(), [[[-1.0, -0.00392157, 1.0]]], atol=1e-7)
+    np.testing.assert_allclose(
+        ops.normalize(x).numpy(), keras.ops.convert_to_numpy(keras_vit.preprocess_input(x.numpy())),
+        atol=1e-6,
+    )
+
+
+def test_inception_crop_area_and_aspect():
+    image = tf.zeros((120, 100, 3), tf.uint8)
+    crop_shapes = tf.data.Dataset.from_tensors(image).repeat(300).map(
+        lambda x: tf.shape(ops.inception_crop(x))[:2]
+    )
+    shapes = np.array([s.numpy() for s in crop_shapes])
+    area = shapes[:, 0] * shapes[:, 1] / (120 * 100)
+    aspect = shapes[:, 1] / shapes[:, 0]
+    # Integer box sides: allow one pixel of rounding on each side.
+    assert area.min() >= 0.05 * (1 - 2 / 11) and area.max() <= 1.0
+    assert aspect.min() >= 0.75 * (1 - 1 / 10) and aspect.max() <= 1.33 * (1 + 1 / 10)
+    assert area.min() < 0.2 and area.max() > 0.8  # The whole range is used.
+    resized = ops.inception_crop(image, 24)
+    assert resized.shape == (24, 24, 3) and resized.dtype == tf.float32
+
+
+def test_resize_small_central_and_random_crop():
+    image = np.arange(60 * 40 * 3, dtype=np.float32).reshape(60, 40, 3) % 251
+    small = ops.resize_small(tf.constant(image), 20)
+    assert small.shape == (30, 20, 3)
+    np.testing.assert_array_equal(ops.central_crop(tf.constant(image), (20, 10)), image[20:40, 15:25])
+    np.testing.assert_array_equal(ops.central_crop(tf.constant(image), 7), image[26:33, 16:23])
+    crop = ops.random_crop(tf.constant(image), 9).numpy()
+    top, left = np.argwhere(image[..., 0] == crop[0, 0, 0])[0]
+    np.testing.assert_array_equal(crop, image[top : top + 9, left : left + 9])
+    with pytest.raises(ValueError, match=r"Received: size=-3"):
+        ops.resize(tf.constant(image), -3)
+    with pytest.raises(ValueError, match=r"Received: smaller_size=2.5"):
+        ops.resize_small(tf.constant(image), 2.5)
+
+
+def test_to_uint8_truncates_like_big_vision():
+    np.testing.assert_array_equal(
+        ops.to_uint8(tf.constant([-3.0, 0.9, 254.99, 300.0])).numpy(), [0, 0, 254, 255]
+    )
+
+
+def test_random_flip_gives_both_orientations():
+    image = np.arange(2 * 5 * 3, dtype=np.uint8).reshape(2, 5, 3)
+    outs = [ops.random_flip(tf.constant(image)).numpy() for _ in range(40)]
+    flipped = [np.array_equal(o, image[:, ::-1]) for o in outs]
+    same = [np.array_equal(o, image) for o in outs]
+    assert all(f or s for f, s in zip(flipped, same))
+    assert 0 < sum(flipped) < 40
+
+
+# ---------------------------------------------------------------------------
+# RandAugment and mixup.
+# ---------------------------------------------------------------------------
+
+
+def test_randaugment_ops_match_pil_and_formulas():
+    from PIL import Image, ImageOps
+
+    rng = np.random.default_rng(1)
+    image = rng.integers(40, 200, (17, 23, 3)).astype(np.uint8)
+    image[0, 0] = [0, 255, 7]
+    x = tf.constant(image)
+    np.testing.assert_array_equal(ops.equalize(x), np.asarray(ImageOps.equalize(Image.fromarray(image))))
+    # Autocontrast truncates (PIL rounds): the original's formula per channel.
+    part = image[1:].astype(np.float32)
+    low, high = part.min((0, 1)), part.max((0, 1))
+    scale = np.float32(255.0) / (high - low)
+    want = np.clip(part * scale - low * scale, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(ops.autocontrast(tf.constant(image[1:])), want)
+    np.testing.assert_array_equal(ops.invert(x), 255 - image)
+    np.testing.assert_array_equal(ops.posterize(x, 4), image & 0xF0)
+    np.testing.assert_array_equal(ops.solarize(x, 128), np.where(image < 128, image, 255 - image))
+    np.testing.assert_array_equal(
+        ops.solarize_add(x, 110), np.where(image < 128, np.minimum(image.astype(int) + 110, 255), image)
+    )
+    # Blends truncate towards zero: brightness 0.5 of 201 is 100.
+    np.testing.assert_array_equal(ops.brightness(x, 0.5), (image * 0.5).astype(np.uint8))
+    # Contrast's grey level is pixel count / 256 (17 * 23 / 256 = 1.53 -> 1).
+    np.testing.assert_array_equal(ops.contrast(x, 0.0), np.ones_like(image))
+
+
+def test_randaugment_geometry_fills_grey():
+    image = np.arange(36, dtype=np.uint8).reshape(6, 6, 1).repeat(3, -1)
+    x = tf.constant(image)
+    moved = ops.translate_x(x, 2.0).numpy()
+    np.testing.assert_array_equal(moved[:, :4], image[:, 2:])
+    assert (moved[:, 4:] == 128).all()
+    moved = ops.translate_y(x, -1.0).numpy()
+    np.testing.assert_array_equal(moved[1:], image[:-1])
+    assert (moved[0] == 128).all()
+    odd = np.arange(25, dtype=np.uint8).reshape(5, 5, 1).repeat(3, -1)
+    np.testing.assert_array_equal(ops.rotate(tf.constant(odd), 90.0), np.rot90(odd))
+    cut = ops.cutout(tf.zeros((40, 40, 3), tf.uint8), 5).numpy()
+    rows, cols = np.nonzero(cut[..., 0] == 128)
+    assert 0 < len(rows) <= 100 and rows.max() - rows.min() < 10 and cols.max() - cols.min() < 10
+
+
+def test_randaugment_draws_ops():
+    # Eagerly (fast); the pre-training pipeline test runs it inside tf.data.
+    image = tf.constant(np.random.default_rng(2).integers(0, 256, (24, 24, 3)), tf.uint8)
+    outs = [ops.randaugment(image, 2, 15).numpy() for _ in range(8)]
+    assert all(o.shape == (24, 24, 3) and o.dtype == np.uint8 for o in outs)
+    assert sum(not np.array_equal(o, image) for o in outs) >= 4
+    assert len({o.tobytes() for o in outs}) >= 4  # Different ops are drawn.
+    np.testing.assert_array_equal(ops.randaugment(image, 0, 30), image)
+    with pytest.raises(ValueError, match=r"Received: num_layers=-1"):
+        ops.randaugment(image, -1, 10)
+    with pytest.raises(ValueError, match="uint8"):
+        ops.randaugment(tf.cast(image, tf.float32), 2, 10)
+
+
+def test_mixup_one_sorted_weight_shared_by_images_and_labels():
+    images = tf.random.uniform((6, 4, 4, 3))
+    labels = tf.one_hot([0, 1, 2, 0, 1, 2], 3)
+    mixed_images, mixed_labels = ops.mixup(images, labels, 0.5)
+    # Example i keeps weight w >= 0.5 of its own label, 1 - w of example i-1's.
+    weight = float(mixed_labels[0, 0])
+    assert 0.5 <= weight <= 1.0
+    expected = weight * images + (1 - weight) * tf.roll(images, 1, axis=0)
+    np.testing.assert_allclose(mixed_images, expected, atol=1e-6)
+    np.testing.assert_allclose(mixed_labels, weight * labels + (1 - weight) * tf.roll(labels, 1, 0), atol=1e-6)
+    np.testing.assert_allclose(mixed_labels.numpy().sum(-1), 1.0, atol=1e-6)
+
+
+def test_augreg_presets_table():
+    assert {k: tuple(v) for k, v in ops.AUGREG_PRESETS.items()} == {
+        "none": (0, 0, 0.0),
+        "light1": (2, 0, 0.0),
+        "light2": (2, 10, 0.2),
+        "medium1": (2, 15, 0.2),
+        "medium2": (2, 15, 0.5),
+        "strong1": (2, 20, 0.5),
+        "strong2": (2, 20, 0.8),
+    }
+    with pytest.raises(ValueError, match=r"Received: augreg='medium3'"):
+        ops.augreg_preset("medium3")
+
+
+# ---------------------------------------------------------------------------
+# Sources.
+# ---------------------------------------------------------------------------
+
+
+def test_from_directory_lists_sorted_classes(folder):
+    root, expected = folder
+    source = keras_vit.data.from_directory(root)
+    assert source.class_names == ("ant", "bee", "cat")
+    assert source.num_classes == 3 and source.num_examples == len(expected) == 10
+    labels = [int(ex["label"]) for ex in source.dataset]
+    assert labels == [e[1] for e in expected]
+    with pytest.raises(ValueError, match="Received: directory="):
+        keras_vit.data.from_directory(root / "missing")
+    with pytest.raises(ValueError, match="no sub-folder"):
+        keras_vit.data.from_directory(root / "cat")
+
+
+def test_from_tfds_mock_data(tmp_path):
+    with tfds.testing.mock_data(num_examples=5):
+        source = keras_vit.data.from_tfds("cifar10", "train[:98%]", data_dir=tmp_path)
+        assert source.num_classes == 10 and len(source.class_names) == 10
+        examples = list(source.dataset)
+        assert len(examples) == 5
+        assert examples[0]["image"].dtype == tf.string  # Kept encoded for caching.
+        batch = next(iter(keras_vit.data.finetune_pipeline(source, training=False, batch_size=5, image_size=16)))
+        assert batch[0].shape == (5, 16, 16, 3) and batch[1].shape == (5, 10)
+        with pytest.raises(ValueError, match="Received: label_key='fine'"):
+            keras_vit.data.from_tfds("cifar10", data_dir=tmp_path, label_key="fine")
+
+
+def test_every_pipeline_on_mock_data(tmp_path):
+    # Mocked splits report no size: cache and a small buffer, or the shuffle
+    # buffer would fill 50,000 elements from tfds' Python mock generator.
+    train = dict(training=True, batch_size=4, image_size=16, shuffle_buffer=8, cache=True)
+    builds = {
+        # RandAugment is exercised on the image folder (its graph is slow to build).
+        "pretrain train": lambda s: keras_vit.data.pretrain_pipeline(s, mixup_alpha=0.2, **train),
+        "pretrain eval": lambda s: keras_vit.data.pretrain_pipeline(s, training=False, batch_size=4, image_size=16),
+        "finetune eval": lambda s: keras_vit.data.finetune_pipeline(s, training=False, batch_size=4, image_size=16),
+    }
+    for augmentation in pipelines.FINETUNE_AUGMENTATIONS:
+        builds[f"finetune {augmentation}"] = lambda s, a=augmentation: keras_vit.data.finetune_pipeline(
+            s, augmentation=a, **train
+        )
+    with tfds.testing.mock_data(num_examples=4):
+        source = keras_vit.data.from_tfds("cifar100", "train[:800]+train[45000:45200]", data_dir=tmp_path)
+        for name, build in builds.items():
+            images, labels = next(iter(build(source)))
+            assert images.shape == (4, 16, 16, 3) and labels.shape == (4, 100), name
+            _check_train_batches(images.numpy(), labels.numpy(), num_classes=100)
+            if name != "pretrain train":  # The only one with mixup.
+                assert set(labels.numpy().max(-1)) == {1.0}, name
+
+
+def test_missing_dataset_says_what_to_download(tmp_path):
+    with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
+        keras_vit.data.from_tfds("cifar10", "train", data_dir=tmp_path, download=False)
+    message = str(info.value)
+    assert "download_and_prepare" in message and str(tmp_path) in message
+    # Manual downloads fail before any network access, even with download=True.
+    with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
+        keras_vit.data.from_tfds("resisc45", "train", data_dir=tmp_path)
+    message = str(info.value)
+    assert "1drv.ms" in message and os.path.join(str(tmp_path), "downloads", "manual") in message
+
+
+# ---------------------------------------------------------------------------
+# Pipelines.
+# ---------------------------------------------------------------------------
+
+
+def _check_train_batches(images, labels, num_classes=3):
+    assert images.dtype == np.float32 and labels.dtype == np.float32
+    assert images.min() >= -1.0 and images.max() <= 1.0
+    assert labels.shape[1] == num_classes
+    np.testing.assert_allclose(labels.sum(-1), 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("augmentation", ["inception_crop", "resize_crop", "resize"])
+def test_finetune_train_keeps_label_mapping(folder, augmentation):
+    source = keras_vit.data.from_directory(folder[0])
+    ds = keras_vit.data.finetune_pipeline(
+        source, training=True, batch_size=4, image_size=16, augmentation=augmentation, seed=0
+    )
+    images, labels = _batches(ds, 5)
+    assert images.shape == (20, 16, 16, 3)
+    _check_train_batches(images, labels)
+    assert set(labels.max(-1)) == {1.0}  # One-hot, no mixing here.
+    # The dominant channel of every (cropped, flipped) image is its class's.
+    np.testing.assert_array_equal(images.mean(axis=(1, 2)).argmax(-1), labels.argmax(-1))
+    assert len(set(labels.argmax(-1))) == 3
+
+
+def test_finetune_eval_is_a_plain_resize(folder):
+    root, expected = folder
+    source = keras_vit.data.from_directory(root)
+    ds = keras_vit.data.finetune_pipeline(source, training=False, batch_size=4, image_size=24)
+    first, labels = _batches(ds, 3)
+    second, _ = _batches(ds, 3)
+    assert first.shape == (10, 24, 24, 3)  # The last batch is partial: all examples.
+    np.testing.assert_array_equal(first, second)
+    np.testing.assert_array_equal(labels.argmax(-1), [e[1] for e in expected])
+    for got, (path, _, pixels) in zip(first, expected):
+        if pixels is None:
+            pixels = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+        want = (tf.image.resize(pixels, (24, 24)).numpy() - 127.5) / 127.5
+        np.testing.assert_array_equal(got, want)
+
+
+def test_pretrain_eval_resize_small_central_crop(folder):
+    root, expected = folder
+    source = keras_vit.data.from_directory(root)
+    ds = keras_vit.data.pretrain_pipeline(source, training=False, batch_size=10, image_size=14)
+    images, labels = _batches(ds, 1)
+    np.testing.assert_array_equal(labels.argmax(-1), [e[1] for e in expected])
+    index = [os.path.basename(e[0]) for e in expected].index("img0.png")
+    pixels = expected[index][2]  # 40 x 56: smaller side -> round(14 * 8 / 7) = 16.
+    small = tf.cast(tf.image.resize(pixels, (16, 22), method="area"), tf.uint8).numpy()
+    want = (small[1:15, 4:18].astype(np.float32) - 127.5) / 127.5
+    np.testing.assert_array_equal(images[index], want)
+
+
+def test_pretrain_train_with_augreg_preset(folder):
+    source = keras_vit.data.from_directory(folder[0])
+    ds = keras_vit.data.pretrain_pipeline(
+        source, training=True, batch_size=5, image_size=16, augreg="strong2", seed=1
+    )
+    images, labels = _batches(ds, 4)
+    assert images.shape == (20, 16, 16, 3)
+    _check_train_batches(images, labels)
+    # Mixup: each row is w * own label + (1 - w) * previous row's, w >= 0.5.
+    assert (labels.max(-1) >= 0.5 - 1e-6).all() and (labels.max(-1) < 1.0).any()
+    plain = keras_vit.data.pretrain_pipeline(source, training=True, batch_size=5, image_size=16)
+    _, plain_labels = _batches(plain, 2)
+    assert set(plain_labels.max(-1)) == {1.0}
+    with pytest.raises(ValueError, match="not both"):
+        keras_vit.data.pretrain_pipeline(source, training=True, batch_size=5, augreg="light1", mixup_alpha=0.2)
+
+
+def test_pipeline_argument_errors(folder):
+    source = keras_vit.data.from_directory(folder[0])
+    with pytest.raises(ValueError, match=r"Received: augmentation='bit'"):
+        keras_vit.data.finetune_pipeline(source, training=True, batch_size=2, augmentation="bit")
+    with pytest.raises(ValueError, match=r"Received: batch_size=0"):
+        keras_vit.data.finetune_pipeline(source, training=True, batch_size=0)
+    with pytest.raises(TypeError, match=r"Received: source="):
+        keras_vit.data.finetune_pipeline("cifar10", training=True, batch_size=2)
+
+
+def test_pipeline_feeds_fit_on_active_backend(folder):
+    source = keras_vit.data.from_directory(folder[0])
+    train = keras_vit.data.finetune_pipeline(source, training=True, batch_size=4, image_size=16, seed=0)
+    test = keras_vit.data.finetune_pipeline(source, training=False, batch_size=4, image_size=16)
+    model = keras_vit.ViT(
+        None, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, patch_size=8,
+        input_shape=(16, 16, 3), num_classes=3,
+    )
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+    )
+    head = model.get_layer("head").kernel
+    before = keras.ops.convert_to_numpy(head).copy()
+    # One compiled step per kind (the JAX compile dominates this test).
+    history = model.fit(train, steps_per_epoch=2, epochs=1, verbose=0, shuffle=False)
+    loss = history.history["loss"][0]
+    # The zero-initialised head gives loss log(3) on the first step; one SGD
+    # step on a 3-class problem cannot move the mean far from it.
+    assert np.isfinite(loss) and abs(loss - np.log(3)) < 0.3
+    assert np.abs(keras.ops.convert_to_numpy(head) - before).max() > 0
+    # Evaluation batches feed the model too (the last one partial).
+    images, labels = next(iter(test))
+    logits = keras.ops.convert_to_numpy(model(images))
+    assert logits.shape == (4, 3) and np.isfinite(logits).all()
