@@ -1,6 +1,6 @@
 """keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) in Keras 3."""
 
-from keras_vit import layers
+from keras_vit import distribute, layers, training
 from keras_vit.models import (
     R26ViTB32,
     R26ViTS32,

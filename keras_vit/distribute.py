@@ -1,0 +1,447 @@
+"""Run the same `fit` script on one device, a TPU, several GPUs or hosts.
+
+`get_distribution(mode)` returns a `DistributionSetup` whose `scope()` is
+entered to build, compile and fit the model:
+
+```python
+setup = keras_vit.distribute.get_distribution("auto")
+with setup.scope():
+    model = keras_vit.ViTB16(num_classes=10, weights="imagenet21k")
+    model.compile(optimizer=..., loss=...)
+    model.fit(train_ds, ...)  # batches of the *global* batch size
+```
+
+What each mode means per backend:
+
+| mode | TensorFlow | JAX | PyTorch |
+|---|---|---|---|
+| `"none"` | default strategy | no distribution | single device |
+| `"tpu"` | `TPUStrategy` | `DataParallel` over TPU cores | error |
+| `"mirrored"` | `MirroredStrategy` (GPUs) | error | error |
+| `"multi_worker"` | `MultiWorkerMirroredStrategy` | error | error |
+| `"data_parallel"` | error | `DataParallel` | error |
+| `"model_parallel"` | error | `ModelParallel` + ViT layout map | error |
+| `"auto"` | TPU, else multi-worker, else >1 GPU, else none | >1 device: data parallel | none |
+
+Backend modules (`tensorflow`, `jax`) are imported inside functions, only
+under the matching Keras backend.
+"""
+
+import contextlib
+import json
+import os
+import warnings
+
+import keras
+import numpy as np
+
+MODES = (
+    "auto",
+    "none",
+    "tpu",
+    "mirrored",
+    "multi_worker",
+    "data_parallel",
+    "model_parallel",
+)
+_BACKEND_MODES = {
+    "tensorflow": ("none", "tpu", "mirrored", "multi_worker"),
+    "jax": ("none", "tpu", "data_parallel", "model_parallel"),
+    "torch": ("none",),
+}
+_SUGGESTION = {
+    "tensorflow": "With the TensorFlow backend use 'tpu', 'mirrored' or 'multi_worker'.",
+    "jax": "With the JAX backend use 'tpu', 'data_parallel' or 'model_parallel'.",
+    "torch": (
+        "keras_vit trains on a single device with the PyTorch backend; switch "
+        "to KERAS_BACKEND=jax or tensorflow for several devices (see "
+        "docs/training.md)."
+    ),
+}
+
+
+class DistributionSetup:
+    """What `fit` needs to run under a distribution mode.
+
+    Returned by `get_distribution`; not meant to be built directly.
+
+    Attributes:
+        mode: the resolved mode (`"auto"` is replaced by the chosen one).
+        backend: the Keras backend.
+        strategy: the `tf.distribute.Strategy` (TensorFlow), else None.
+        distribution: the `keras.distribution.Distribution` (JAX), else None.
+        num_replicas: how many ways each global batch is split.
+        model_parallel_size: size of the `model` mesh axis (1 unless
+            `"model_parallel"`).
+    """
+
+    def __init__(
+        self,
+        mode,
+        backend,
+        strategy=None,
+        distribution=None,
+        num_replicas=1,
+        model_parallel_size=1,
+    ):
+        self.mode = mode
+        self.backend = backend
+        self.strategy = strategy
+        self.distribution = distribution
+        self.num_replicas = int(num_replicas)
+        self.model_parallel_size = int(model_parallel_size)
+
+    def scope(self):
+        """Context in which to create, compile and fit the model.
+
+        TensorFlow: `strategy.scope()`. JAX: the distribution's scope (it
+        must also cover `fit`/`predict`, which read it to shard the data).
+        Otherwise a no-op.
+        """
+        if self.strategy is not None:
+            return self.strategy.scope()
+        if self.distribution is not None:
+            return self.distribution.scope()
+        return contextlib.nullcontext()
+
+    def per_replica_batch_size(self, global_batch_size):
+        """The share of each replica; the global batch must divide evenly.
+
+        Datasets are batched with the *global* batch size (e.g. the paper's
+        512); each step splits it over `num_replicas`.
+        """
+        if (
+            not isinstance(global_batch_size, int)
+            or global_batch_size <= 0
+            or global_batch_size % self.num_replicas
+        ):
+            raise ValueError(
+                f"The global batch size must be a positive multiple of the "
+                f"number of replicas ({self.num_replicas}, mode={self.mode!r}). "
+                f"Received: global_batch_size={global_batch_size!r}"
+            )
+        return global_batch_size // self.num_replicas
+
+    def predict(self, model, x, batch_size=32, **kwargs):
+        """`model.predict` on arrays of any length.
+
+        JAX shards every batch over the devices and fails on a batch that
+        does not divide (the last one of 100 rows over 8 devices). Here the
+        batch size is rounded up to a multiple of the replicas and the rows
+        are padded (by repeating the last row) to a whole number of batches;
+        the padded outputs are dropped. Call it inside `scope()`.
+
+        Args:
+            model: a Keras model.
+            x: a numpy array, or a list/dict of arrays with the same rows.
+            batch_size: int. Rounded up to a multiple of `num_replicas`.
+            **kwargs: passed to `model.predict`.
+
+        Returns:
+            The predictions for exactly the rows of `x`.
+        """
+        if not isinstance(batch_size, int) or batch_size <= 0:
+            raise ValueError(
+                f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}"
+            )
+        replicas = self.num_replicas
+        batch_size = -(-batch_size // replicas) * replicas
+        leaves = keras.tree.flatten(x)
+        rows = {int(np.shape(leaf)[0]) for leaf in leaves}
+        if len(rows) != 1:
+            raise ValueError(
+                "All inputs must have the same number of rows. "
+                f"Received inputs with rows {sorted(rows)}"
+            )
+        num_rows = rows.pop()
+        padded_rows = max(-(-num_rows // batch_size) * batch_size, batch_size)
+        if replicas > 1 and padded_rows != num_rows:
+
+            def pad(leaf):
+                leaf = np.asarray(leaf)
+                filler = np.repeat(leaf[-1:], padded_rows - num_rows, axis=0)
+                return np.concatenate([leaf, filler], axis=0)
+
+            x = keras.tree.map_structure(pad, x)
+        outputs = model.predict(x, batch_size=batch_size, **kwargs)
+        return keras.tree.map_structure(lambda out: out[:num_rows], outputs)
+
+    def __repr__(self):
+        return (
+            f"DistributionSetup(mode={self.mode!r}, backend={self.backend!r}, "
+            f"num_replicas={self.num_replicas}, "
+            f"model_parallel_size={self.model_parallel_size})"
+        )
+
+
+def get_distribution(
+    mode="auto",
+    *,
+    tpu=None,
+    devices=None,
+    model_parallel_size=None,
+    multi_host=False,
+):
+    """Sets up multi-device training for the active Keras backend.
+
+    Args:
+        mode: one of `"auto"`, `"none"`, `"tpu"`, `"mirrored"`,
+            `"multi_worker"`, `"data_parallel"`, `"model_parallel"` (see the
+            table in this module's docstring).
+        tpu: TensorFlow `"tpu"` mode only: the TPU name or address for
+            `TPUClusterResolver` (`"local"` on a TPU VM). Defaults to
+            `$TPU_NAME`, else `"local"` on a TPU VM, else the resolver's own
+            lookup (legacy Colab).
+        devices: optional list of devices: TensorFlow device strings for
+            `"mirrored"` (e.g. `["/gpu:0", "/gpu:1"]`), Keras device strings
+            for the JAX modes (e.g. `["cpu:0", ...]`). Defaults to all.
+        model_parallel_size: `"model_parallel"` only: size of the `model`
+            mesh axis; the device count must be a multiple of it. Defaults to
+            the largest of 8, 4, 2, 1 that divides the device count.
+        multi_host: JAX only: call `keras.distribution.initialize()` first
+            (TPU pods, multi-host GPU clusters; addresses come from the TPU
+            environment or `KERAS_DISTRIBUTION_*` variables).
+
+    Returns:
+        A `DistributionSetup`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"`mode` must be one of {MODES}. Received: mode={mode!r}")
+    backend = keras.backend.backend()
+    if backend not in _BACKEND_MODES:
+        raise ValueError(f"Unsupported Keras backend {backend!r}. Received: mode={mode!r}")
+    if multi_host and backend != "jax":
+        raise ValueError(
+            "`multi_host=True` is for the JAX backend; with TensorFlow use "
+            "mode='multi_worker' (TF_CONFIG) or mode='tpu' on a pod. "
+            f"Received: multi_host={multi_host!r} with backend {backend!r}"
+        )
+    if mode != "auto" and mode not in _BACKEND_MODES[backend]:
+        raise ValueError(
+            f"mode={mode!r} is not available with the {backend} backend. "
+            f"{_SUGGESTION[backend]} Received: mode={mode!r}"
+        )
+    if model_parallel_size is not None and mode != "model_parallel":
+        raise ValueError(
+            "`model_parallel_size` only applies to mode='model_parallel'. "
+            f"Received: model_parallel_size={model_parallel_size!r}, mode={mode!r}"
+        )
+    if backend == "tensorflow":
+        return _tensorflow_setup(mode, tpu=tpu, devices=devices)
+    if backend == "jax":
+        return _jax_setup(
+            mode,
+            devices=devices,
+            model_parallel_size=model_parallel_size,
+            multi_host=multi_host,
+        )
+    if devices is not None:
+        raise ValueError(
+            "`devices` is not used with the torch backend (single device). "
+            f"Received: devices={devices!r}"
+        )
+    return DistributionSetup("none", backend)
+
+
+# --------------------------------------------------------------------------
+# TensorFlow
+# --------------------------------------------------------------------------
+
+
+def _tpu_vm():
+    """Whether this machine looks like a Cloud TPU VM (Colab/Kaggle TPUs)."""
+    if os.environ.get("TPU_ACCELERATOR_TYPE") or os.environ.get("TPU_WORKER_ID"):
+        return True
+    return os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+
+
+def _tpu_hint():
+    return bool(
+        os.environ.get("TPU_NAME") or os.environ.get("COLAB_TPU_ADDR") or _tpu_vm()
+    )
+
+
+def _tf_tpu_strategy(tpu):
+    import tensorflow as tf
+
+    if tpu is None:
+        tpu = os.environ.get("TPU_NAME") or ("local" if _tpu_vm() else None)
+    try:
+        # Resolve, connect and initialise the TPU system in one call.
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver.connect(tpu=tpu)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    except (ValueError, RuntimeError, tf.errors.OpError) as error:
+        raise RuntimeError(
+            "No TPU could be initialised for mode='tpu'. On Colab/Kaggle, "
+            "select a TPU runtime/accelerator; on a TPU VM pass tpu='local'; "
+            "elsewhere pass the TPU name or grpc:// address, or use "
+            f"mode='auto'. Received: mode='tpu', tpu={tpu!r}. "
+            f"TensorFlow said: {type(error).__name__}: {str(error).splitlines()[0]}"
+        ) from None
+    return strategy
+
+
+def _tf_config_workers():
+    try:
+        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
+    except json.JSONDecodeError:
+        return 0
+    cluster = config.get("cluster", {})
+    return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+
+
+def _tensorflow_setup(mode, tpu, devices):
+    import tensorflow as tf
+
+    if mode == "auto":
+        if _tpu_hint() or tpu is not None:
+            mode = "tpu"
+        elif _tf_config_workers() > 1:
+            mode = "multi_worker"
+        elif devices is not None or len(tf.config.list_logical_devices("GPU")) > 1:
+            mode = "mirrored"
+        else:
+            mode = "none"
+    if mode == "tpu":
+        strategy = _tf_tpu_strategy(tpu)
+    elif mode == "mirrored":
+        strategy = tf.distribute.MirroredStrategy(devices=devices)
+    elif mode == "multi_worker":
+        strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    else:
+        strategy = tf.distribute.get_strategy()
+    return DistributionSetup(
+        mode, "tensorflow", strategy=strategy, num_replicas=strategy.num_replicas_in_sync
+    )
+
+
+def _tf_replica_context():
+    """The TF replica context when gradients are split over >1 replicas.
+
+    Used by `keras_vit.training` optimizers to clip the global norm of the
+    summed gradient. None on other backends or with a single replica.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    return context
+
+
+# --------------------------------------------------------------------------
+# JAX
+# --------------------------------------------------------------------------
+
+
+def vit_layout_map(device_mesh, model_axis="model"):
+    """A `keras.distribution.LayoutMap` sharding a ViT over `model_axis`.
+
+    Megatron-style tensor parallelism: the query/key/value kernels
+    `(D, heads, head_dim)` and the first MLP kernel `(D, mlp_dim)` are split
+    along heads / hidden units, the attention output kernel
+    `(heads, head_dim, D)` and the second MLP kernel `(mlp_dim, D)` along
+    their input; everything else (embeddings, norms, biases, head) is
+    replicated. Optimizer slots follow their variable's layout.
+
+    Args:
+        device_mesh: a `keras.distribution.DeviceMesh` with an axis named
+            `model_axis`.
+        model_axis: name of the tensor-parallel mesh axis.
+
+    Returns:
+        A `keras.distribution.LayoutMap`.
+    """
+    if model_axis not in device_mesh.axis_names:
+        raise ValueError(
+            f"The device mesh has no axis {model_axis!r} (axes: "
+            f"{list(device_mesh.axis_names)}). Received: model_axis={model_axis!r}"
+        )
+    layout_map = keras.distribution.LayoutMap(device_mesh)
+    attention = ".*MultiHeadDotProductAttention_1/"
+    layout_map[attention + "(query|key|value)/kernel"] = (None, model_axis, None)
+    layout_map[attention + "attention_output/kernel"] = (model_axis, None, None)
+    layout_map[".*MlpBlock_3/Dense_0/kernel"] = (None, model_axis)
+    layout_map[".*MlpBlock_3/Dense_1/kernel"] = (model_axis, None)
+    return layout_map
+
+
+class _ViTModelParallel(keras.distribution.ModelParallel):
+    """`ModelParallel` that replicates a weight whose sharded dimension does
+    not divide over the mesh axis (e.g. 3 heads on a model axis of 4), with a
+    warning, instead of failing inside JAX."""
+
+    def get_variable_layout(self, variable):
+        layout = super().get_variable_layout(variable)
+        axes = tuple(layout.axes)
+        mesh = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
+        for size, axis in zip(variable.shape, axes):
+            if axis is not None and size % mesh[axis]:
+                warnings.warn(
+                    f"Replicating {variable.path} {tuple(variable.shape)}: its "
+                    f"dimension of {size} does not divide over the {mesh[axis]} "
+                    f"devices of mesh axis {axis!r}.",
+                    stacklevel=2,
+                )
+                return keras.distribution.TensorLayout(
+                    [None] * len(variable.shape), self.device_mesh
+                )
+        return layout
+
+
+def _jax_setup(mode, devices, model_parallel_size, multi_host):
+    if multi_host:
+        keras.distribution.initialize()
+    if mode == "tpu":
+        try:
+            tpu_devices = keras.distribution.list_devices("tpu")
+        except RuntimeError:
+            tpu_devices = []
+        if not tpu_devices:
+            raise RuntimeError(
+                "No TPU found by JAX for mode='tpu' (install `jax[tpu]` on a "
+                "TPU VM, or use mode='auto'). "
+                f"Received: mode='tpu', devices={keras.distribution.list_devices()}"
+            )
+        devices = devices or tpu_devices
+        mode = "data_parallel"
+    devices = list(devices) if devices is not None else keras.distribution.list_devices()
+    if mode == "auto":
+        mode = "data_parallel" if len(devices) > 1 else "none"
+    if mode == "none":
+        return DistributionSetup("none", "jax")
+    if mode == "data_parallel":
+        distribution = keras.distribution.DataParallel(devices=devices)
+        return DistributionSetup(
+            mode, "jax", distribution=distribution, num_replicas=len(devices)
+        )
+    # model_parallel
+    count = len(devices)
+    if model_parallel_size is None:
+        model_parallel_size = next(m for m in (8, 4, 2, 1) if count % m == 0)
+    if (
+        not isinstance(model_parallel_size, int)
+        or model_parallel_size <= 0
+        or count % model_parallel_size
+    ):
+        raise ValueError(
+            f"`model_parallel_size` must be a positive divisor of the device "
+            f"count ({count}). Received: model_parallel_size={model_parallel_size!r}"
+        )
+    mesh = keras.distribution.DeviceMesh(
+        shape=(count // model_parallel_size, model_parallel_size),
+        axis_names=("batch", "model"),
+        devices=devices,
+    )
+    distribution = _ViTModelParallel(
+        layout_map=vit_layout_map(mesh), batch_dim_name="batch"
+    )
+    return DistributionSetup(
+        mode,
+        "jax",
+        distribution=distribution,
+        num_replicas=count // model_parallel_size,
+        model_parallel_size=model_parallel_size,
+    )

@@ -1,0 +1,30 @@
+"""Training the paper's way with `model.fit`: schedules, optimizers, losses,
+fault-tolerant checkpoints. See `docs/training.md`."""
+
+from keras_vit.training.callbacks import BackupAndResume
+from keras_vit.training.losses import (
+    SIGMOID_HEAD_BIAS_INIT,
+    SigmoidCrossEntropy,
+    SoftmaxCrossEntropy,
+)
+from keras_vit.training.optimizers import (
+    DecoupledAdam,
+    MomentumSGD,
+    finetuning_optimizer,
+    kernel_variables,
+    pretraining_optimizer,
+)
+from keras_vit.training.schedules import WarmupDecay
+
+__all__ = [
+    "BackupAndResume",
+    "DecoupledAdam",
+    "MomentumSGD",
+    "SIGMOID_HEAD_BIAS_INIT",
+    "SigmoidCrossEntropy",
+    "SoftmaxCrossEntropy",
+    "WarmupDecay",
+    "finetuning_optimizer",
+    "kernel_variables",
+    "pretraining_optimizer",
+]

@@ -1,0 +1,116 @@
+"""The original ViT losses, computed in float32 on the head's logits."""
+
+import keras
+from keras import ops
+
+# Head bias initialisation of AugReg-style sigmoid pre-training
+# (big_vision configs `vit_i21k.py` / `vit_i1k.py`: `head_bias_init`), about
+# -log(num_classes) so that the initial sigmoid outputs match the label prior.
+# Use with the model: `keras_vit.ViTB16(num_classes=21843,
+#     head_bias_init=SIGMOID_HEAD_BIAS_INIT["imagenet21k"])`.
+SIGMOID_HEAD_BIAS_INIT = {"imagenet21k": -10.0, "imagenet2012": -6.9}
+
+
+def _check_smoothing(label_smoothing):
+    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(
+            "`label_smoothing` must be a float in [0, 1). "
+            f"Received: label_smoothing={label_smoothing!r}"
+        )
+    return float(label_smoothing)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SoftmaxCrossEntropy(keras.losses.Loss):
+    """Softmax cross-entropy on logits: the fine-tuning loss of the paper.
+
+    `-sum(labels * log_softmax(logits), axis=-1)`, averaged over the batch,
+    as in google-research/vision_transformer (`vit_jax/train.py`) and
+    big_vision (`softmax_xent`). Computed in float32 whatever the model's
+    dtype policy.
+
+    Args:
+        label_smoothing: float in [0, 1). Labels become
+            `labels * (1 - s) + s / num_classes`. Defaults to 0 (the
+            original fine-tunes without it).
+        sparse: bool. Labels are class indices `(B,)` instead of one-hot
+            `(B, num_classes)`. Defaults to False.
+        reduction: Keras loss reduction. Defaults to `"sum_over_batch_size"`
+            (the batch mean).
+        name: loss name.
+    """
+
+    def __init__(
+        self,
+        label_smoothing=0.0,
+        sparse=False,
+        reduction="sum_over_batch_size",
+        name="softmax_cross_entropy",
+        dtype=None,
+    ):
+        super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
+        self.label_smoothing = _check_smoothing(label_smoothing)
+        self.sparse = bool(sparse)
+
+    def call(self, y_true, y_pred):
+        logits = ops.cast(y_pred, "float32")
+        num_classes = logits.shape[-1]
+        if self.sparse:
+            labels = ops.cast(ops.reshape(y_true, ops.shape(logits)[:-1]), "int32")
+            labels = ops.one_hot(labels, num_classes, dtype="float32")
+        else:
+            labels = ops.cast(y_true, "float32")
+        if self.label_smoothing:
+            labels = labels * (1.0 - self.label_smoothing) + (
+                self.label_smoothing / num_classes
+            )
+        return -ops.sum(labels * ops.log_softmax(logits, axis=-1), axis=-1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"label_smoothing": self.label_smoothing, "sparse": self.sparse})
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SigmoidCrossEntropy(keras.losses.Loss):
+    """Per-class sigmoid cross-entropy, summed over classes: AugReg pre-training.
+
+    `-sum(labels * log_sigmoid(logits) + (1 - labels) * log_sigmoid(-logits),
+    axis=-1)`, averaged over the batch: big_vision's `sigmoid_xent`, used for
+    the AugReg ImageNet-21k / ImageNet-1k pre-training with the head bias
+    initialised to -10 / -6.9 (`SIGMOID_HEAD_BIAS_INIT`, passed to the model
+    as `head_bias_init`). Unlike `keras.losses.BinaryCrossentropy`, which
+    averages over classes, the sum keeps the gradient scale of the original
+    (this matters for gradient clipping). Computed in float32.
+
+    Args:
+        label_smoothing: float in [0, 1). Labels become
+            `labels * (1 - s) + s / 2`. Defaults to 0.
+        reduction: Keras loss reduction. Defaults to `"sum_over_batch_size"`.
+        name: loss name.
+    """
+
+    def __init__(
+        self,
+        label_smoothing=0.0,
+        reduction="sum_over_batch_size",
+        name="sigmoid_cross_entropy",
+        dtype=None,
+    ):
+        super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
+        self.label_smoothing = _check_smoothing(label_smoothing)
+
+    def call(self, y_true, y_pred):
+        logits = ops.cast(y_pred, "float32")
+        labels = ops.cast(y_true, "float32")
+        if self.label_smoothing:
+            labels = labels * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing
+        log_p = ops.log_sigmoid(logits)
+        log_not_p = ops.log_sigmoid(-logits)
+        return -ops.sum(labels * log_p + (1.0 - labels) * log_not_p, axis=-1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"label_smoothing": self.label_smoothing})
+        return config

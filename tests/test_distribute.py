@@ -1,0 +1,343 @@
+"""keras_vit.distribute: every mode's set-up and errors, and `fit` run for
+real on simulated devices (JAX: 8 CPU devices, data and model parallel;
+TensorFlow: MirroredStrategy on 2 logical CPUs), compared with one device.
+
+The multi-device runs happen in a subprocess: the device count must be set
+before the backend initialises."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import distribute, training
+
+BACKEND = keras.backend.backend()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = dict(
+    hidden_size=16, mlp_dim=32, num_heads=4, num_layers=1, patch_size=8,
+    input_shape=(16, 16, 3), num_classes=5,
+)
+
+
+def child_env(**extra):
+    """Environment of a test subprocess. JAX children share a persistent
+    compilation cache, so that only the first one compiles the model's
+    initialisers and train step (tens of seconds on a small CPU)."""
+    cache = os.path.join(tempfile.gettempdir(), f"keras_vit_tests_jax_cache_{os.getuid()}")
+    return {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "JAX_COMPILATION_CACHE_DIR": os.environ.get("JAX_COMPILATION_CACHE_DIR", cache),
+        **extra,
+    }
+
+
+def run_child(function, env):
+    """Runs `function()` of this module in a fresh interpreter; returns the
+    JSON it prints last."""
+    env = child_env(**env)
+    code = f"from tests.test_distribute import {function}; {function}()"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------
+# In-process: modes, errors, helpers
+# --------------------------------------------------------------------------
+
+
+def test_unknown_mode_is_a_clear_error():
+    with pytest.raises(ValueError, match="mode='gpu'"):
+        distribute.get_distribution("gpu")
+
+
+def test_modes_of_other_backends_are_clear_errors():
+    wrong = {
+        "tensorflow": ["data_parallel", "model_parallel"],
+        "jax": ["mirrored", "multi_worker"],
+        "torch": ["tpu", "mirrored", "multi_worker", "data_parallel", "model_parallel"],
+    }[BACKEND]
+    for mode in wrong:
+        with pytest.raises(ValueError, match=f"mode='{mode}' is not available"):
+            distribute.get_distribution(mode)
+    with pytest.raises(ValueError, match="model_parallel_size"):
+        distribute.get_distribution("none", model_parallel_size=2)
+
+
+def test_tpu_without_a_tpu_is_a_clear_error():
+    if BACKEND == "torch":
+        pytest.skip("no TPU mode with torch (covered by the test above)")
+    with pytest.raises(RuntimeError, match="mode='tpu'") as info:
+        distribute.get_distribution("tpu")
+    assert "No TPU" in str(info.value)
+
+
+def test_none_and_auto_on_one_device():
+    for mode in ("none", "auto"):
+        setup = distribute.get_distribution(mode)
+        assert setup.mode == "none" and setup.num_replicas == 1
+        assert setup.backend == BACKEND
+        with setup.scope():
+            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        x = np.random.default_rng(0).normal(size=(5, 3)).astype("float32")
+        # predict pads nothing on one device and returns every row.
+        out = setup.predict(model, x, batch_size=2, verbose=0)
+        np.testing.assert_allclose(out, keras.ops.convert_to_numpy(model(x)), atol=1e-6)
+
+
+def test_tf_config_workers_and_tpu_hints(monkeypatch):
+    config = {"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]}, "task": {}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    assert distribute._tf_config_workers() == 3
+    monkeypatch.setenv("TF_CONFIG", "not json")
+    assert distribute._tf_config_workers() == 0
+    for name in ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_ACCELERATOR_TYPE", "TPU_WORKER_ID"):
+        monkeypatch.delenv(name, raising=False)
+    hint = os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+    assert distribute._tpu_hint() == hint
+    monkeypatch.setenv("TPU_NAME", "my-tpu")
+    assert distribute._tpu_hint()
+
+
+def test_per_replica_batch_size():
+    setup = distribute.DistributionSetup("data_parallel", BACKEND, num_replicas=8)
+    assert setup.per_replica_batch_size(512) == 64
+    with pytest.raises(ValueError, match="global_batch_size=100"):
+        setup.per_replica_batch_size(100)
+
+
+# --------------------------------------------------------------------------
+# JAX on 8 simulated CPU devices
+# --------------------------------------------------------------------------
+
+
+def _tiny_setup():
+    """The same initial weights, data and optimizer in every process."""
+    rng = np.random.default_rng(0)
+    model = keras_vit.ViT(None, **TINY)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.3, tuple(variable.shape)).astype("float32"))
+    weights = model.get_weights()
+    x = rng.uniform(-1, 1, (48, 16, 16, 3)).astype("float32")
+    y = np.eye(5, dtype="float32")[rng.integers(0, 5, 48)]
+    return weights, x, y
+
+
+def _fit_losses(setup, weights, x, y, optimizer_fn, batch_size=16):
+    with setup.scope():
+        model = keras_vit.ViT(None, **TINY)
+        model.set_weights(weights)
+        model.compile(optimizer=optimizer_fn(), loss=training.SigmoidCrossEntropy())
+        history = model.fit(x, y, batch_size=batch_size, epochs=3, shuffle=False, verbose=0)
+    return model, [float(v) for v in history.history["loss"]]
+
+
+def _clipped_sgd():
+    # Large enough gradients that clipping at 1.0 is active.
+    return training.MomentumSGD(0.05, accumulator_dtype="float32", global_clipnorm=1.0)
+
+
+def _jax_child():
+    import jax
+
+    report = {}
+    # A real (single-process) multi-host initialisation: jax.distributed.
+    setup = distribute.get_distribution("data_parallel", multi_host=True)
+    report["processes"] = jax.process_count()
+    report["replicas"] = setup.num_replicas
+    weights, x, y = _tiny_setup()
+    x, y = x[:16], y[:16]  # one step per epoch: three steps
+
+    none = distribute.DistributionSetup("none", "jax")
+    single, report["single"] = _fit_losses(none, weights, x, y, _clipped_sgd)
+    model, report["data_parallel"] = _fit_losses(setup, weights, x, y, _clipped_sgd)
+    report["dp_weights_error"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
+    )
+    # The batch really is split over the 8 devices.
+    layout = setup.distribution.get_data_layout((16, 16, 16, 3))
+    report["data_axes"] = list(layout.axes)
+
+    # predict on 100 rows: plain predict fails on the last batch, ours pads.
+    rows = np.random.default_rng(1).uniform(-1, 1, (100, 16, 16, 3)).astype("float32")
+    want = single.predict(rows, batch_size=16, verbose=0)
+    with setup.scope():
+        # (model.predict alone fails here: the last 4 rows do not divide
+        # over 8 devices.)
+        got = setup.predict(model, rows, batch_size=12, verbose=0)
+    report["predict_rows"] = int(got.shape[0])
+    report["predict_error"] = float(np.max(np.abs(got - want)))
+
+    # Model parallel on a 2 x 4 mesh.
+    setup = distribute.get_distribution("model_parallel", model_parallel_size=4)
+    report["mp"] = [setup.num_replicas, setup.model_parallel_size]
+    model, report["model_parallel"] = _fit_losses(setup, weights, x, y, _clipped_sgd)
+    report["mp_weights_error"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
+    )
+    shards = {}
+    for variable in model.trainable_variables + model.optimizer.variables:
+        value = variable.value
+        shards[variable.path] = [list(value.shape), list(value.addressable_shards[0].data.shape)]
+    report["shards"] = shards
+    print(json.dumps(report))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX only")
+def test_jax_data_and_model_parallel_on_8_cpu_devices():
+    report = run_child(
+        "_jax_child",
+        {
+            "KERAS_BACKEND": "jax",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": "localhost:23456",
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "1",
+            "KERAS_DISTRIBUTION_PROCESS_ID": "0",
+        },
+    )
+    assert report["processes"] == 1 and report["replicas"] == 8
+    assert report["data_axes"] == ["batch", None, None, None]
+    single = np.array(report["single"])
+    assert single[0] > single[-1]  # it trains
+    np.testing.assert_allclose(report["data_parallel"], single, rtol=1e-5)
+    np.testing.assert_allclose(report["model_parallel"], single, rtol=1e-5)
+    assert report["dp_weights_error"] < 1e-5 and report["mp_weights_error"] < 1e-5
+
+    # Uneven batches: `predict` pads and slices.
+    assert report["predict_rows"] == 100 and report["predict_error"] < 1e-5
+
+    # Attention and MLP kernels (and their optimizer slots) are split 4 ways
+    # along heads / hidden units; the rest is whole on every device.
+    assert report["mp"] == [2, 4]
+    shards = report["shards"]
+    block = "encoderblock_0/"
+    attention = block + "MultiHeadDotProductAttention_1/"
+    for name in ("query", "key", "value"):
+        assert shards[attention + name + "/kernel"] == [[16, 4, 4], [16, 1, 4]]
+    assert shards[attention + "attention_output/kernel"] == [[4, 4, 16], [1, 4, 16]]
+    assert shards[block + "MlpBlock_3/Dense_0/kernel"] == [[16, 32], [16, 8]]
+    assert shards[block + "MlpBlock_3/Dense_1/kernel"] == [[32, 16], [8, 16]]
+    slots = [p for p in shards if "Dense_0_kernel" in p and "trace" in p]
+    assert slots and all(shards[p] == [[16, 32], [16, 8]] for p in slots)
+    replicated = (
+        "embedding/kernel", "head/kernel", attention + "query/bias",
+        "posembed_input/pos_embedding",
+    )
+    for path in replicated:
+        assert shards[path][0] == shards[path][1], path
+
+
+def test_layout_map_replicates_indivisible_weights():
+    if BACKEND != "jax":
+        pytest.skip("keras.distribution layouts are a JAX feature")
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((1, len(devices)), ("batch", "model"), devices)
+    layout_map = distribute.vit_layout_map(mesh)
+    path = "encoderblock_3/MultiHeadDotProductAttention_1/query/kernel"
+    assert tuple(layout_map[path].axes) == (None, "model", None)
+    assert layout_map["encoderblock_3/MlpBlock_3/Dense_1/kernel"].axes == ("model", None)
+    assert layout_map["encoderblock_3/MlpBlock_3/Dense_1/bias"] is None
+    with pytest.raises(ValueError, match="model_axis='tensor'"):
+        distribute.vit_layout_map(mesh, model_axis="tensor")
+
+
+# --------------------------------------------------------------------------
+# TensorFlow MirroredStrategy on 2 logical CPUs
+# --------------------------------------------------------------------------
+
+
+def _tf_child():
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    report = {}
+    # Without TF_CONFIG, MultiWorkerMirroredStrategy is a one-worker cluster
+    # (it must be created before other TensorFlow work).
+    workers = distribute.get_distribution("multi_worker")
+    with workers.scope():
+        dense = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        dense.compile(optimizer=training.MomentumSGD(0.1), loss="mse")
+        dense.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    report["multi_worker"] = [
+        isinstance(workers.strategy, tf.distribute.MultiWorkerMirroredStrategy),
+        workers.num_replicas,
+    ]
+
+    weights, x, y = _tiny_setup()
+    x, y = x[:16], y[:16]
+    none = distribute.get_distribution("none")
+    single, report["single"] = _fit_losses(none, weights, x, y, _clipped_sgd)
+    setup = distribute.get_distribution("mirrored", devices=["/cpu:0", "/cpu:1"])
+    report["replicas"] = setup.num_replicas
+    model, report["mirrored"] = _fit_losses(setup, weights, x, y, _clipped_sgd)
+    report["weights_error"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
+    )
+    # The first gradient's global norm: clipping at 1.0 is active, so
+    # clipping each replica's half before the sum (what Keras does) would
+    # not match one device.
+    probe = keras_vit.ViT(None, **TINY)
+    probe.set_weights(weights)
+    with tf.GradientTape() as tape:
+        loss = training.SigmoidCrossEntropy()(y, probe(x, training=True))
+    grads = tape.gradient(loss, [v.value for v in probe.trainable_variables])
+    report["gradient_norm"] = float(tf.linalg.global_norm(grads))
+
+    # Uneven batches: 7 rows in batches of 4 (the last one, 3 rows, splits 2/1).
+    rows = np.random.default_rng(1).uniform(-1, 1, (7, 16, 16, 3)).astype("float32")
+    with setup.scope():
+        model.fit(rows, np.zeros((7, 5), "float32"), batch_size=4, epochs=1, verbose=0)
+        got = setup.predict(model, rows, batch_size=4, verbose=0)
+    report["predict_error"] = float(np.max(np.abs(got - model(rows))))
+
+    # Keras' gradient accumulation cannot run under tf.distribute: a clear
+    # error instead of TensorFlow's merge_call message.
+    with setup.scope():
+        model.compile(
+            optimizer=training.MomentumSGD(0.1, gradient_accumulation_steps=2),
+            loss=training.SigmoidCrossEntropy(),
+        )
+        try:
+            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+            report["accumulation"] = "no error"
+        except ValueError as error:
+            report["accumulation"] = str(error)
+    report["predict_rows"] = int(got.shape[0])
+
+    # A TPU name that does not answer: the error says so in one line.
+    try:
+        distribute.get_distribution("tpu", tpu="local")
+        report["tpu"] = "no error"
+    except RuntimeError as error:
+        report["tpu"] = str(error)
+    print(json.dumps(report))
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow only")
+def test_tf_mirrored_strategy_on_2_logical_cpus():
+    report = run_child("_tf_child", {"KERAS_BACKEND": "tensorflow"})
+    assert report["replicas"] == 2
+    single = np.array(report["single"])
+    assert single[0] > single[-1]
+    # Global clipping of the summed gradient: same as one device.
+    np.testing.assert_allclose(report["mirrored"], single, rtol=1e-5)
+    assert report["weights_error"] < 1e-5
+    assert report["gradient_norm"] > 2.0  # clipping is active
+    assert report["multi_worker"] == [True, 1]
+    assert "gradient_accumulation_steps=2" in report["accumulation"]
+    assert report["predict_rows"] == 7 and report["predict_error"] < 1e-5
+    assert "No TPU" in report["tpu"] and "tpu='local'" in report["tpu"]
