@@ -1,0 +1,255 @@
+"""Attention probabilities of a keras_vit model, without touching the model.
+
+`attention_model(model)` builds a second functional model that reuses the
+model's own layer objects (so it shares every weight, now and after later
+training) and returns the attention probabilities of the chosen encoder
+blocks. The model itself keeps calling its blocks without
+`return_attention_scores`, i.e. on the fused `keras.ops.dot_product_attention`
+path, for inference and training.
+"""
+
+import dataclasses
+import re
+
+import keras
+import numpy as np
+
+from keras_vit.layers import TransformerEncoderBlock
+
+_BLOCK = re.compile(r"^encoderblock_(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+    """Where the tokens of a keras_vit model sit on its input image.
+
+    Args:
+        image_size: `(height, width)` of the model's input in pixels.
+        grid: `(rows, cols)` of the patch grid; token `prefix + r * cols + c`
+            is the patch at row `r`, column `c`.
+        patch_size: `(height, width)` of one patch in input pixels. For a
+            hybrid this is the ResNet stem's stride times the patch size on
+            its feature map.
+        num_prefix_tokens: tokens before the grid (1 with a class token).
+        num_layers: number of encoder blocks.
+        num_heads: attention heads per block.
+        hybrid: True when the patch embedding reads a feature map (a ResNet
+            stem) rather than the RGB image.
+    """
+
+    image_size: tuple
+    grid: tuple
+    patch_size: tuple
+    num_prefix_tokens: int
+    num_layers: int
+    num_heads: int
+    hybrid: bool
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid[0] * self.grid[1]
+
+
+def _get_layer(model, name):
+    try:
+        return model.get_layer(name)
+    except ValueError:
+        raise ValueError(
+            f"The model has no layer named {name!r}, so it is not a keras_vit "
+            "ViT (or it is wrapped inside another model; pass the inner "
+            f"keras_vit model). Received: model={getattr(model, 'name', model)!r}"
+        ) from None
+
+
+def block_names(model):
+    """Names of the model's encoder blocks, in order (`encoderblock_0`, ...)."""
+    found = {}
+    for layer in getattr(model, "layers", ()):
+        match = _BLOCK.match(layer.name)
+        if match and isinstance(layer, TransformerEncoderBlock):
+            found[int(match.group(1))] = layer.name
+    if not found or sorted(found) != list(range(len(found))):
+        raise ValueError(
+            "The model has no consecutive `encoderblock_{i}` TransformerEncoderBlock "
+            "layers, so it is not a keras_vit ViT. "
+            f"Received: model={getattr(model, 'name', model)!r}"
+        )
+    return [found[i] for i in range(len(found))]
+
+
+def geometry(model):
+    """The `Geometry` of a keras_vit model (plain or hybrid)."""
+    names = block_names(model)
+    embedding = _get_layer(model, "embedding")
+    image_shape = tuple(model.inputs[0].shape)
+    feature_shape = tuple(embedding.input.shape)
+    rows, cols = embedding.grid_size(feature_shape)
+    height, width = image_shape[1], image_shape[2]
+    if None in (height, width, rows, cols) or rows == 0 or cols == 0:
+        raise ValueError(
+            "The model needs a fixed input size to place its patches. "
+            f"Received: model input shape {image_shape}"
+        )
+    has_cls = any(layer.name == "cls" for layer in model.layers)
+    block = model.get_layer(names[0])
+    return Geometry(
+        image_size=(height, width),
+        grid=(rows, cols),
+        # The sides are multiples of the effective stride (checked by `ViT`),
+        # so this is (stem stride x patch) for hybrids and the patch otherwise.
+        patch_size=(height // rows, width // cols),
+        num_prefix_tokens=1 if has_cls else 0,
+        num_layers=len(names),
+        num_heads=block.num_heads,
+        hybrid=feature_shape[1:3] != image_shape[1:3],
+    )
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AttentionProbe(keras.layers.Layer):
+    """Calls a `TransformerEncoderBlock` and also returns its attention.
+
+    Wraps an existing block (the same object, so the same weights) and calls
+    it with `return_attention_scores=True`, which makes Keras'
+    `MultiHeadAttention` compute the softmax explicitly instead of the fused
+    kernel. The wrapper only exists so that a functional model can hold the
+    two outputs of such a call.
+
+    Args:
+        block: the `TransformerEncoderBlock` to call.
+
+    Returns:
+        A tuple: the block's output `(B, T, D)` and the attention
+        probabilities `(B, heads, T, T)` (query axis before key axis),
+        before attention dropout.
+    """
+
+    def __init__(self, block, **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(block, dict):
+            block = keras.saving.deserialize_keras_object(block)
+        if not isinstance(block, TransformerEncoderBlock):
+            raise ValueError(
+                "`block` must be a keras_vit TransformerEncoderBlock. "
+                f"Received: block={block!r}"
+            )
+        self.block = block
+
+    def build(self, input_shape):
+        if not self.block.built:
+            self.block.build(input_shape)
+
+    def call(self, inputs, training=None):
+        return self.block(inputs, training=training, return_attention_scores=True)
+
+    def compute_output_spec(self, inputs, training=None):
+        batch, tokens = inputs.shape[0], inputs.shape[1]
+        scores = keras.KerasTensor(
+            (batch, self.block.num_heads, tokens, tokens), dtype=self.compute_dtype
+        )
+        return keras.KerasTensor(inputs.shape, dtype=self.compute_dtype), scores
+
+    def get_config(self):
+        config = super().get_config()
+        config["block"] = keras.saving.serialize_keras_object(self.block)
+        return config
+
+
+def _check_blocks(blocks, num_layers):
+    if blocks is None:
+        return list(range(num_layers))
+    given = [blocks] if isinstance(blocks, int) and not isinstance(blocks, bool) else blocks
+    try:
+        ok = all(isinstance(b, int) and not isinstance(b, bool) for b in given)
+        chosen = [int(b) for b in given] if ok else []
+    except TypeError:
+        chosen, ok = [], False
+    # Negative indices count from the last block, as in Python.
+    chosen = [b + num_layers if b < 0 else b for b in chosen]
+    if not ok or not chosen or not all(0 <= b < num_layers for b in chosen):
+        raise ValueError(
+            f"`blocks` must be None (all), or block indices in [-{num_layers}, "
+            f"{num_layers}) for this {num_layers}-block model. Received: blocks={blocks!r}"
+        )
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"`blocks` has repeated indices. Received: blocks={blocks!r}")
+    return chosen
+
+
+def attention_model(model, blocks=None):
+    """A model that returns the attention probabilities of `blocks`.
+
+    The returned functional model takes the same images as `model` and reuses
+    its layer objects: it shares every weight with `model` (assigning or
+    training one changes the other), and `model` itself is unchanged (its
+    blocks keep the fused attention path). Works for plain and hybrid models
+    and for any weights.
+
+    Args:
+        model: a keras_vit model (functional, as built by `keras_vit.ViT`).
+        blocks: None for every block, an int, or a list of block indices
+            (negative ones count from the last block).
+
+    Returns:
+        A `keras.Model` whose output is a dict from block name
+        (`"encoderblock_3"`) to its `(B, heads, T, T)` attention
+        probabilities, in the order given: `scores[b, h, i, j]` is how much
+        query token `i` attends to key token `j` (rows sum to 1). Token 0 is
+        the class token when the model has one, then the patches in row-major
+        order.
+    """
+    names = block_names(model)
+    chosen = _check_blocks(blocks, len(names))
+    # The first block's input is the embedded sequence (patches, class
+    # token, position embedding, dropout) of the model's own graph.
+    x = _get_layer(model, names[0]).input
+    scores = {}
+    for i in range(max(chosen) + 1):
+        block = model.get_layer(names[i])
+        if i in chosen:
+            x, scores[i] = AttentionProbe(block, name=f"attention_probe_{i}")(x)
+        else:
+            x = block(x)
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    outputs = {names[i]: scores[i] for i in chosen}
+    return keras.Model(inputs, outputs, name=f"{model.name}_attention")
+
+
+def check_images(model, images):
+    """`images` as a numpy array, checked against the model's input shape."""
+    images = keras.ops.convert_to_numpy(images)
+    expected = tuple(model.inputs[0].shape[1:])
+    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+        raise ValueError(
+            f"`images` must have shape (batch, {', '.join(map(str, expected))}) "
+            f"for this model. Received: images.shape={images.shape}"
+        )
+    return images
+
+
+def attention_weights(model, images, blocks=None, batch_size=32):
+    """Attention probabilities of `model` on `images`, as numpy.
+
+    Args:
+        model: a keras_vit model.
+        images: `(B, H, W, 3)` array in the model's input range ([-1, 1] for
+            keras_vit models; see `keras_vit.preprocess_input`).
+        blocks: None (all blocks), an int or a list of block indices.
+        batch_size: images per forward pass.
+
+    Returns:
+        float32 numpy array `(len(blocks), B, heads, T, T)`. Mind the size:
+        ViT-B/16 at 224 px holds 12 x 12 x 197 x 197 floats (22 MB) per
+        image; `rollout_maps` and `model_attention_distance` go batch by
+        batch instead.
+    """
+    images = check_images(model, images)
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+    names = block_names(model)
+    chosen = _check_blocks(blocks, len(names))
+    probe = attention_model(model, chosen)
+    # `predict` compiles the whole forward pass (jit on JAX, tf.function on
+    # TensorFlow) instead of running it op by op.
+    out = probe.predict(images, batch_size=batch_size, verbose=0)
+    return np.stack([np.asarray(out[names[i]], dtype=np.float32) for i in chosen])

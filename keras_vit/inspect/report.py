@@ -1,0 +1,156 @@
+"""All inspection figures of one model in one call (used by `recipes/inspect_vit.py`)."""
+
+import json
+import os
+
+import keras
+import numpy as np
+
+from keras_vit.inspect.attention import geometry
+from keras_vit.inspect.distance import model_attention_distance, plot_attention_distance
+from keras_vit.inspect.filters import (
+    embedding_filter_components,
+    max_components,
+    plot_filters,
+)
+from keras_vit.inspect.posemb import model_posemb_similarity, plot_posemb_similarity
+from keras_vit.inspect.rollout import plot_rollout, rollout_maps
+
+FORMATS = ("png", "svg", "pdf")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
+
+def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSIONS):
+    """Reads the images of a folder for inspection (no TensorFlow needed).
+
+    Each image is converted to RGB, resized so that it covers `size` with
+    its aspect ratio kept (bilinear), and centre-cropped to `size`.
+
+    Args:
+        directory: a folder of image files (sub-folders are searched too);
+            files are taken in sorted path order.
+        size: `(height, width)` of the model input.
+        max_images: optional cap on the number of images.
+        extensions: file name endings that count as images.
+
+    Returns:
+        A tuple `(images, names)`: uint8 array `(B, height, width, 3)` (apply
+        `keras_vit.preprocess_input` before the model) and the file names
+        relative to `directory`.
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        raise ValueError(f"`directory` is not a folder. Received: directory={directory!r}")
+    paths = sorted(
+        os.path.join(root, name)
+        for root, _, files in os.walk(directory)
+        for name in files
+        if name.lower().endswith(tuple(e.lower() for e in extensions)) and not name.startswith(".")
+    )
+    if max_images is not None:
+        paths = paths[:max_images]
+    if not paths:
+        raise ValueError(
+            f"No image files ({', '.join(extensions)}) in the folder. Received: directory={directory!r}"
+        )
+    height, width = (int(s) for s in size)
+    images = []
+    for path in paths:
+        image = keras.utils.load_img(path, color_mode="rgb")
+        scale = max(height / image.height, width / image.width)
+        resized = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
+        image = image.resize(resized, resample=2)  # PIL.Image.BILINEAR
+        left, top = (resized[0] - width) // 2, (resized[1] - height) // 2
+        image = image.crop((left, top, left + width, top + height))
+        images.append(np.asarray(image, dtype=np.uint8))
+    return np.stack(images), [os.path.relpath(p, directory) for p in paths]
+
+
+def write_figures(model, images, directory, image_format="png", rollout_images=4,
+                  num_components=28, titles=None, batch_size=32):
+    """Writes the paper's inspection figures for `model` into `directory`.
+
+    Files: `rollout.<fmt>` (Figure 6, for the first `rollout_images`
+    images), `posemb_similarity.<fmt>` (Figure 7 centre),
+    `embedding_filters.<fmt>` (Figure 7 left; plain ViTs only, skipped for
+    hybrids), `attention_distance.<fmt>` (Figure 7 right, over all images),
+    `inspect.npz` with the arrays behind the figures, and `summary.json`.
+
+    Args:
+        model: a keras_vit model (plain or hybrid).
+        images: `(B, H, W, 3)` in [-1, 1], at the model's input size.
+        directory: output folder (created if needed).
+        image_format: `"png"`, `"svg"` or `"pdf"`.
+        rollout_images: how many images the rollout figure shows.
+        num_components: principal components of the embedding filters
+            (capped by the kernel's size).
+        titles: optional names of the images (e.g. file names).
+        batch_size: images per forward pass.
+
+    Returns:
+        A dict: figure name -> path written (hybrids have no
+        `embedding_filters`), plus `"arrays"` and `"summary"`.
+    """
+    if image_format not in FORMATS:
+        raise ValueError(f"`image_format` must be one of {FORMATS}. Received: image_format={image_format!r}")
+    if not isinstance(rollout_images, int) or rollout_images <= 0:
+        raise ValueError(
+            f"`rollout_images` must be a positive int. Received: rollout_images={rollout_images!r}"
+        )
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    geo = geometry(model)
+    images = np.asarray(keras.ops.convert_to_numpy(images), dtype=np.float32)
+    written, arrays = {}, {}
+
+    def path(name):
+        return os.path.join(directory, f"{name}.{image_format}")
+
+    shown = slice(0, rollout_images)
+    grid_maps, image_maps = rollout_maps(model, images[shown], batch_size=batch_size)
+    plot_rollout(images[shown], image_maps, path("rollout"),
+                 titles=None if titles is None else list(titles)[shown])
+    written["rollout"] = path("rollout")
+    arrays["rollout_grid_maps"] = grid_maps
+
+    similarity = model_posemb_similarity(model)
+    plot_posemb_similarity(similarity, path("posemb_similarity"))
+    written["posemb_similarity"] = path("posemb_similarity")
+    arrays["posemb_similarity"] = similarity
+
+    summary = {
+        "model": model.name,
+        "image_size": list(geo.image_size),
+        "grid": list(geo.grid),
+        "patch_size_pixels": list(geo.patch_size),
+        "num_prefix_tokens": geo.num_prefix_tokens,
+        "hybrid": geo.hybrid,
+        "num_images": int(len(images)),
+    }
+    if geo.hybrid:
+        summary["embedding_filters"] = "skipped: a hybrid's embedding reads a ResNet feature map, not RGB"
+    else:
+        limit = max_components(tuple(model.get_layer("embedding").kernel.shape))
+        components, explained = embedding_filter_components(model, min(num_components, limit))
+        plot_filters(components, path("embedding_filters"), explained=explained)
+        written["embedding_filters"] = path("embedding_filters")
+        arrays["filter_components"] = components
+        arrays["filter_explained_variance"] = explained
+
+    # Batch by batch: all images' attention at once can take gigabytes.
+    distances = model_attention_distance(model, images, batch_size=batch_size)
+    plot_attention_distance(distances, path("attention_distance"))
+    written["attention_distance"] = path("attention_distance")
+    arrays["mean_attention_distance"] = distances
+    summary["mean_attention_distance_per_layer"] = [
+        round(float(d), 3) for d in distances.mean(axis=1)
+    ]
+
+    arrays_path = os.path.join(directory, "inspect.npz")
+    np.savez(arrays_path, **arrays)
+    written["arrays"] = arrays_path
+    summary_path = os.path.join(directory, "summary.json")
+    with open(summary_path, "w") as f:
+        json.dump(summary, f, indent=2)
+    written["summary"] = summary_path
+    return written
