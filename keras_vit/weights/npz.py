@@ -319,6 +319,9 @@ def export_npz(model, path):
     try:
         with os.fdopen(handle, "wb") as f:
             np.savez(f, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600 files.
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
