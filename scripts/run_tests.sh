@@ -7,20 +7,9 @@
 #   bash scripts/run_tests.sh -k parity     # extra arguments go to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV="${KERAS_VIT_VENV:-.venv}"
 BACKENDS="${BACKENDS:-jax tensorflow torch}"
-
-stamp="$VENV/.keras_vit_requirements"
-if [ ! -x "$VENV/bin/python" ] || ! cmp -s requirements/test.txt "$stamp"; then
-  echo "== Creating the test environment in $VENV (first run: a few minutes)"
-  python3 -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -r requirements/test.txt
-  # torch's CUDA build brings triton (GPU kernels only); importing it after
-  # TensorFlow segfaults, and nothing here runs on a GPU.
-  "$VENV/bin/python" -m pip uninstall -q -y triton
-  cp requirements/test.txt "$stamp"
-fi
+source scripts/venv.sh
+ensure_venv
 "$VENV/bin/python" -m pip install -q --no-deps -e .
 
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONHASHSEED=0
