@@ -11,7 +11,7 @@ models load for fine-tuning.
 
     # A minute on a CPU: a tiny model on synthetic images, then the checkpoint
     # is loaded into a classifier and checked:
-    python -m recipes.pretrain_mpp --smoke --out /tmp/mpp_smoke
+    python -m recipes.pretrain_mpp --smoke --out runs/mpp_smoke
 
     # The demo of docs/inspect.md (minutes on a CPU): a small custom ViT on
     # synthetic colour fields, whose position embeddings learn the 2-D grid:

@@ -202,6 +202,6 @@ def test_changed_command_is_a_clear_error(runs):
 
 def test_arguments_are_validated():
     with pytest.raises(ValueError, match="save_freq=0"):
-        training.BackupAndResume("/tmp/x", save_freq=0)
+        training.BackupAndResume("backup", save_freq=0)
     with pytest.raises(ValueError, match="backup_dir"):
         training.BackupAndResume("")
