@@ -6,13 +6,13 @@
 # once the environment exists (created on first use, the same .venv as
 # scripts/run_tests.sh).
 #
-#   bash scripts/demo.sh                          # KERAS_BACKEND defaults to jax here
-#   KERAS_BACKEND=tensorflow bash scripts/demo.sh
+#   bash scripts/demo.sh                          # KERAS_BACKEND defaults to tensorflow
+#   KERAS_BACKEND=jax bash scripts/demo.sh        # or torch (slower on CPU)
 #   bash scripts/demo.sh --finetune_steps=100     # arguments go to recipes/demo.py
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 ensure_venv
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-export KERAS_BACKEND="${KERAS_BACKEND:-jax}"
+export KERAS_BACKEND="${KERAS_BACKEND:-tensorflow}"
 exec "$VENV/bin/python" -m recipes.demo "$@"
