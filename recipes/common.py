@@ -387,6 +387,18 @@ def maybe_smoke_data(config, smoke):
             config["manual_dir"] = previous
 
 
+@contextlib.contextmanager
+def exit_on_missing_data():
+    """Command-line runs: a dataset that is not available ends the program
+    with its message (what to download, where to put it), not a traceback."""
+    from keras_vit.data import DatasetNotAvailableError
+
+    try:
+        yield
+    except DatasetNotAvailableError as error:
+        raise SystemExit(f"error: {error}") from None
+
+
 # ---------------------------------------------------------------------------
 # Models.
 # ---------------------------------------------------------------------------

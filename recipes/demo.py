@@ -158,6 +158,8 @@ def run(demo):
     for note in downstream.get("notes", []):
         print(f"  weights: {note}")
     wall = time.perf_counter() - start
+    if wall < 0.5 * downstream["total_wall_time_s"]:
+        print(f"\n(Results of an earlier demo in {demo['run_dir']}; --overwrite trains again.)")
     print(
         f"\nTest accuracy: {100 * downstream['accuracy']:.2f} % on {downstream['eval_examples']} "
         f"held-out digits (pre-training at {demo['pretrain_size']} px: "

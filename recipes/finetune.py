@@ -169,6 +169,13 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, callbacks
 
 def run(config, config_name=None, smoke=False, callbacks=()):
     """Runs a parsed config; returns the summary (also `summary.json`)."""
+    if config["sweep"] and not (config["sweep_train_split"] and config["sweep_val_split"]):
+        raise ValueError(
+            "`sweep` needs `sweep_train_split` and `sweep_val_split`. Received: "
+            f"sweep_train_split={config['sweep_train_split']!r}, "
+            f"sweep_val_split={config['sweep_val_split']!r}"
+        )
+    common.check_schedule(config)
     run_dir = common.prepare_run_dir(config, "finetune", config_name)
     summary_path = os.path.join(run_dir, "summary.json")
     done = common.read_json(summary_path)
@@ -188,11 +195,11 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                     run_dir=os.path.join(run_dir, "sweep", f"lr_{lr:g}"), setup=setup,
                     callbacks=callbacks, save_model=False,
                 )
-                sweep.append({"learning_rate": lr, "val_accuracy": result.get("accuracy")})
+                sweep.append({"learning_rate": lr, "val_accuracy": result["accuracy"]})
                 print(f"sweep lr={lr:g}: accuracy on {config['sweep_val_split']!r} "
-                      f"{result.get('accuracy', float('nan')):.4f}", flush=True)
+                      f"{result['accuracy']:.4f}", flush=True)
             # The first of the best on ties (the grids are in increasing order).
-            best = max(sweep, key=lambda row: row["val_accuracy"] or 0.0)
+            best = max(sweep, key=lambda row: row["val_accuracy"])
             final["learning_rate"] = best["learning_rate"]
         result = _run_on_splits(
             final, config["train_split"], config["test_split"], run_dir=run_dir, setup=setup,
@@ -224,4 +231,5 @@ def main(argv=None, callbacks=()):
 
 
 if __name__ == "__main__":
-    main()
+    with common.exit_on_missing_data():
+        main()

@@ -219,4 +219,5 @@ def main(argv=None, callbacks=()):
 
 
 if __name__ == "__main__":
-    main()
+    with common.exit_on_missing_data():
+        main()

@@ -291,11 +291,13 @@ def report_markdown(rows, model_label, config):
 
 
 def bar_chart(rows, path, model_label, paper_model):
-    """Per-task accuracy beside the paper's, coloured by group."""
-    import matplotlib
+    """Per-task accuracy beside the paper's, coloured by group (PNG).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    Drawn on a bare `matplotlib.figure.Figure` (Agg canvas): no pyplot
+    state, no display needed, the caller's matplotlib backend untouched.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
     from keras_vit.data import vtab
 
     ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
@@ -309,22 +311,24 @@ def bar_chart(rows, path, model_label, paper_model):
     ]
     groups = [t.group for t in vtab.TASKS] + list(vtab.GROUPS) + ["mean"]
     x = range(len(labels))
-    fig, ax = plt.subplots(figsize=(14, 4.5))
+    fig = Figure(figsize=(14, 4.8))
+    ax = fig.subplots()
     width = 0.4
-    ax.bar([i - width / 2 for i in x], [v or 0.0 for v in mine], width,
-           color=[colours.get(g, "#444444") for g in groups], label=model_label)
-    ax.bar([i + width / 2 for i in x], theirs, width, color="none",
-           edgecolor=[colours.get(g, "#444444") for g in groups], hatch="//",
-           label=f"{paper_model} (paper)")
+    edge = [colours.get(g, "#444444") for g in groups]
+    ax.bar([i - width / 2 for i in x], [v or 0.0 for v in mine], width, color=edge)
+    ax.bar([i + width / 2 for i in x], theirs, width, color="none", edgecolor=edge, hatch="//")
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=60, ha="right")
     ax.set_ylabel("Top-1 accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.set_title("VTAB-1k")
-    ax.legend(loc="lower left")
+    ax.set_title("VTAB-1k", loc="left")
+    handles = [
+        Patch(facecolor="#777777", label=model_label),
+        Patch(facecolor="none", edgecolor="#777777", hatch="//", label=f"{paper_model}, paper"),
+    ] + [Patch(facecolor=c, label=g) for g, c in colours.items()]
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path
 
 
@@ -414,5 +418,6 @@ def main(argv=None, callbacks=()):
 
 
 if __name__ == "__main__":
-    outcome = main()
+    with common.exit_on_missing_data():
+        outcome = main()
     sys.exit(1 if outcome["failed"] else 0)
