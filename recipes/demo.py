@@ -15,14 +15,19 @@ pipeline), this demo does what the paper does at scale:
    zero-initialised one, SGD with momentum, batch 64 as 2 accumulated
    micro-batches of 32, clipping at 1, warmup + cosine;
 4. prints the test accuracy (expect about 96-99 %; about 3 minutes on 2
-   CPU cores).
+   CPU cores);
+5. draws what the fine-tuned model learned (the paper's Figures 6 and 7)
+   with `keras_vit.inspect`: attention rollout over test digits, the
+   similarity of the resampled position embeddings, the principal
+   components of the patch-embedding filters and the mean attention
+   distance per head.
 
     python -m recipes.demo                     # or: bash scripts/demo.sh
     python -m recipes.demo --finetune_steps=100  # any field is a flag
 
 Everything stays in `--run_dir` (default runs/demo): `data/` (the PNGs),
-`pretrain/` and `finetune/` (checkpoints, history.csv, model.keras,
-model.npz, summary.json).
+`pretrain/` and `finetune/` (checkpoints, logs/ for TensorBoard, history.csv,
+model.keras, model.npz, summary.json) and `inspect/` (the figures as PNG).
 """
 
 import os
@@ -52,6 +57,7 @@ DEMO_FIELDS = [
     F("finetune_learning_rate", 0.03, "float", "fine-tuning base learning rate"),
     F("model_overrides", dict(hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128, patch_size=4),
       "json", "the ViT's size (patch 4: a 4x4 grid at 16 px, 8x8 at 32 px)"),
+    F("inspect", True, "bool", "write the inspection figures of the fine-tuned model to run_dir/inspect"),
     F("test_fraction", 0.2, "float", "share of the digits held out for testing (stratified)"),
     F("jit_compile", "auto", "str", "Keras jit_compile: auto, true or false"),
     F("distribution", "auto", "str", "see keras_vit.distribute.get_distribution"),
@@ -138,6 +144,31 @@ def finetune_config(demo, data_dir, weights):
     return config
 
 
+def write_inspection(model_path, test_dir, directory, per_class=6):
+    """The paper's Figure 6 and 7 analyses of the fine-tuned model on test
+    digits (`per_class` of each digit, interleaved so that the rollout
+    figure shows different digits). Returns {figure: path}."""
+    import keras
+    import numpy as np
+
+    import keras_vit
+    from keras_vit import inspect as vit_inspect
+
+    model = keras.saving.load_model(model_path, compile=False)
+    size = vit_inspect.geometry(model).image_size
+    per_digit = [
+        vit_inspect.load_image_folder(os.path.join(test_dir, str(digit)), size, per_class)
+        for digit in range(10)
+    ]
+    order = [(digit, i) for i in range(per_class) for digit in range(10) if i < len(per_digit[digit][0])]
+    images = np.stack([per_digit[d][0][i] for d, i in order])
+    titles = [f"digit {d}" for d, _ in order]
+    written = vit_inspect.write_figures(
+        model, keras_vit.preprocess_input(images), directory, rollout_images=5, titles=titles
+    )
+    return {name: path for name, path in written.items() if name not in ("arrays", "summary")}
+
+
 def run(demo):
     """Runs the demo; returns `{"pretrain": summary, "finetune": summary}`."""
     start = time.perf_counter()
@@ -167,7 +198,16 @@ def run(demo):
         f"{downstream['backend']}.\nModels: {downstream['model_keras']}, {downstream['model_npz']}",
         flush=True,
     )
-    return {"pretrain": upstream, "finetune": downstream, "wall_time_s": wall}
+    outcome = {"pretrain": upstream, "finetune": downstream, "wall_time_s": wall}
+    if demo["inspect"]:
+        figures = write_inspection(
+            downstream["model_keras"], os.path.join(data_dir, "test"), os.path.join(demo["run_dir"], "inspect")
+        )
+        print("Figures of the fine-tuned model (paper Figures 6 and 7):")
+        for name, path in figures.items():
+            print(f"  {name}: {path}")
+        outcome["figures"] = figures
+    return outcome
 
 
 def main(argv=None):

@@ -127,6 +127,14 @@ def test_demo_end_to_end(demo_run):
             assert (run_dir / part / name).exists(), (part, name)
     with open(run_dir / "finetune" / "history.csv") as f:
         assert [int(row["epoch"]) for row in csv.DictReader(f)] == [0, 1, 2, 3]
+    # TensorBoard event files for the training and the evaluation curves.
+    for part in ("pretrain", "finetune"):
+        events = [f for _, _, files in os.walk(run_dir / part / "logs") for f in files]
+        assert any(f.startswith("events.out.tfevents") for f in events), (part, events)
+    # The fine-tuned model's inspection figures (paper Figures 6 and 7).
+    assert set(outcome["figures"]) == {"rollout", "posemb_similarity", "embedding_filters", "attention_distance"}
+    for path in outcome["figures"].values():
+        assert os.path.dirname(path) == str(run_dir / "inspect") and os.path.getsize(path) > 1000, path
     # The fine-tuning went through the resolution change.
     notes = " ".join(down["notes"])
     assert "resampled from a 4x4 to a 8x8 grid" in notes
