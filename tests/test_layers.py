@@ -128,6 +128,21 @@ def test_encoder_block_and_attention_scores_equal_numpy():
     assert scores.shape == (2, 2, 5, 5)
 
 
+def test_attention_scores_with_flash_attention_switched_on():
+    # `keras.config.enable_flash_attention()` makes Keras refuse scores; the
+    # block serves the scores call on the explicit path and leaves the flag on.
+    block = layers.TransformerEncoderBlock(num_heads=2, mlp_dim=16)
+    x = tokens()
+    reference, reference_scores = block(x, return_attention_scores=True)
+    block.attention._flash_attention = True
+    out, scores = block(x, return_attention_scores=True)
+    assert block.attention._flash_attention is True
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), keras.ops.convert_to_numpy(reference), atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(scores), keras.ops.convert_to_numpy(reference_scores), atol=1e-6
+    )
+
+
 def test_attention_kernels_use_the_flax_fans():
     block = layers.TransformerEncoderBlock(num_heads=4, mlp_dim=8)
     block.build((1, 3, 64))

@@ -175,11 +175,23 @@ class TransformerEncoderBlock(keras.layers.Layer):
         noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=branch.dtype)
         return branch * ops.floor(keep + noise) / keep
 
+    def _attend(self, y, training, return_attention_scores):
+        if not (return_attention_scores and self.attention._flash_attention):
+            return self.attention(
+                y, y, training=training, return_attention_scores=return_attention_scores
+            )
+        # With flash attention switched on (`keras.config.enable_flash_attention()`),
+        # Keras refuses to return scores; this one call takes the explicit
+        # softmax path instead, normal calls stay on the flash kernel.
+        self.attention._flash_attention = False
+        try:
+            return self.attention(y, y, training=training, return_attention_scores=True)
+        finally:
+            self.attention._flash_attention = True
+
     def call(self, inputs, training=None, return_attention_scores=False):
         y = self.layer_norm_0(inputs)
-        attended = self.attention(
-            y, y, training=training, return_attention_scores=return_attention_scores
-        )
+        attended = self._attend(y, training, return_attention_scores)
         if return_attention_scores:
             y, scores = attended
         else:
