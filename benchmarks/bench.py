@@ -81,7 +81,7 @@ def matmul_peak_gflops(n=2048, iterations=10):
     return 2 * n**3 / _timed(run, iterations) / 1e9
 
 
-def build_keras_vit(size, image, dtype):
+def build_keras_vit(size, image):
     import keras_vit
 
     hidden, mlp, heads, layers, patch = SIZES[size]
@@ -91,7 +91,7 @@ def build_keras_vit(size, image, dtype):
     )
 
 
-def build_keras_hub(size, image, dtype):
+def build_keras_hub(size, image):
     import keras
     import keras_hub
 
@@ -162,9 +162,9 @@ def run_worker(args):
                 rng = np.random.default_rng(0)
                 x = rng.uniform(-1, 1, (batch, image, image, 3)).astype("float32")
                 y = rng.integers(0, 1000, (batch,))
-                runners = {"keras_vit": keras_runner(build_keras_vit(size, image, args.dtype), x, y, mode)}
+                runners = {"keras_vit": keras_runner(build_keras_vit(size, image), x, y, mode)}
                 try:
-                    runners["keras-hub"] = keras_runner(build_keras_hub(size, image, args.dtype), x, y, mode)
+                    runners["keras-hub"] = keras_runner(build_keras_hub(size, image), x, y, mode)
                 except ImportError:
                     pass
                 if backend == "torch" and args.dtype == "float32":
@@ -172,13 +172,15 @@ def run_worker(args):
                         runners["timm"] = timm_runner(size, image, x, y, mode)
                     except ImportError:
                         pass
+                iterations = args.iterations if mode == "inference" else args.train_iterations
                 for run in runners.values():
                     run()  # Warm-up: compilation and first-call allocations.
-                    run()
+                    if mode == "inference":
+                        run()
                 times = {name: [] for name in runners}
                 for _ in range(args.repeats):
                     for name, run in runners.items():
-                        times[name].append(_timed(run, args.iterations))
+                        times[name].append(_timed(run, iterations))
                 flops = forward_flops(size, image) * (3 if mode == "training" else 1)
                 row = dict(
                     backend=backend, model=size, mode=mode, batch=batch, dtype=args.dtype,
@@ -200,8 +202,8 @@ def run_worker(args):
 def markdown(rows):
     lines = [
         "| backend | model | mode | batch | keras_vit img/s | keras-hub img/s | ratio vs keras-hub "
-        "| timm img/s | keras_vit GFLOP/s | % of matmul peak |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| timm img/s | keras_vit GFLOP/s | % of matmul peak | process peak RSS (MB) | load |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ours, hub = r["keras_vit_img_s"], r.get("keras-hub_img_s")
@@ -209,7 +211,8 @@ def markdown(rows):
             f"| {r['backend']} | {r['model']} | {r['mode']} | {r['batch']} | {ours} "
             f"| {hub if hub else 'n/a'} | {f'{ours / hub:.2f}x' if hub else 'n/a'} "
             f"| {r.get('timm_img_s', '–')} | {r['keras_vit_gflops']} "
-            f"| {100 * r['keras_vit_gflops'] / r['matmul_peak_gflops']:.0f} % |"
+            f"| {100 * r['keras_vit_gflops'] / r['matmul_peak_gflops']:.0f} % "
+            f"| {r['peak_rss_mb']} | {r['load']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -221,7 +224,8 @@ def parse_args(argv=None):
     parser.add_argument("--batches", default="1,32", help="inference batch sizes")
     parser.add_argument("--train-batches", default="16", help="training batch sizes")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--iterations", type=int, default=3, help="steps per timed sample")
+    parser.add_argument("--iterations", type=int, default=3, help="inference steps per timed sample")
+    parser.add_argument("--train-iterations", type=int, default=1, help="training steps per timed sample")
     parser.add_argument("--dtype", default="float32", help="float32 or mixed_bfloat16")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 repeat")
     parser.add_argument("--json", help="write all rows to this JSON file")
@@ -232,6 +236,7 @@ def parse_args(argv=None):
     args.train_batches = [int(b) for b in args.train_batches.split(",")]
     if args.smoke:
         args.batches, args.train_batches, args.repeats, args.iterations = [2], [2], 1, 1
+        args.train_iterations = 1
     return args
 
 

@@ -8,6 +8,7 @@ import keras
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench  # noqa: E402
+import input_pipeline  # noqa: E402
 
 sys.path.pop(0)
 
@@ -26,3 +27,11 @@ def test_smoke_run_measures_keras_vit_and_reports():
         assert row["keras_vit_img_s"] > 0 and row["matmul_peak_gflops"] > 0
     table = bench.markdown(rows)
     assert table.count("\n") == 3 and "| tiny |" in table
+
+
+def test_input_pipeline_smoke_run_covers_every_recipe_pipeline(tmp_path):
+    rows = input_pipeline.main(["--smoke", "--train-img-s=2", f"--json={tmp_path / 'rows.json'}"])
+    assert len(rows) == 6 and len({r["pipeline"] for r in rows}) == 6
+    for row in rows:
+        assert row["img_s"] > 0 and row["ratio_to_training"] == round(row["img_s"] / 2, 1)
+    assert (tmp_path / "rows.json").stat().st_size > 0
