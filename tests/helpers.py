@@ -54,8 +54,6 @@ def gradients(model, x, y=None, training=True):
             return loss_of(out)
 
         return [np.asarray(g) for g in jax.jit(jax.grad(f))(trainable)]
-    import torch
-
     model.zero_grad() if hasattr(model, "zero_grad") else None
     loss = loss_of(model(x, training=training))
     loss.backward()
@@ -75,3 +73,17 @@ def lazy_build(build):
         result = build()
     keras.backend.clear_session(free_memory=False)
     return result
+
+
+def fast_jax_compiles():
+    """Generator for a module fixture: on JAX, XLA's optimisation passes
+    cost more than they save on tiny models run once or twice."""
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", before)

@@ -22,6 +22,7 @@ from recipes import configs
 from recipes import demo
 from recipes import finetune
 from recipes import pretrain
+from tests.helpers import fast_jax_compiles
 
 BACKEND = keras.backend.backend()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,18 +30,7 @@ TINY = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, patch_size=4)
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compiles():
-    """Tiny models: XLA's optimisation passes cost more than they save."""
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+_fast_compiles = pytest.fixture(scope="module", autouse=True, name="_fast_compiles")(fast_jax_compiles)
 
 
 # ---------------------------------------------------------------------------

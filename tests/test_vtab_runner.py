@@ -13,8 +13,8 @@ import pytest
 from keras_vit.data import vtab
 from recipes import finetune
 from recipes import vtab as runner
+from tests.helpers import fast_jax_compiles
 
-BACKEND = keras.backend.backend()
 SMOKE = ["--smoke", "--total_steps=4", "--log_every=2", "--checkpoint_every=2", "--verbose=0"]
 # Training each of the 19 tasks for real costs seconds per task on CPU (a
 # new head size: a new compilation with XLA); the runner's own work is the
@@ -24,17 +24,7 @@ SMOKE = ["--smoke", "--total_steps=4", "--log_every=2", "--checkpoint_every=2", 
 REAL_TASKS = {"dtd"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compiles():
-    if BACKEND != "jax":
-        yield
-        return
-    import jax
-
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", before)
+_fast_compiles = pytest.fixture(scope="module", autouse=True, name="_fast_compiles")(fast_jax_compiles)
 
 
 def _hand_made():
