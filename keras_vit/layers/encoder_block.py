@@ -56,11 +56,14 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
 
     def call(self, inputs, training=None):
+        # `training` reaches the dropout through Keras' call context; passing
+        # it on explicitly sends every sub-layer call down Keras' slower
+        # argument-conversion path (measurable in eager PyTorch).
         x = self.dense_0(inputs)
         x = ops.gelu(x, approximate=True)
-        x = self.dropout(x, training=training)
+        x = self.dropout(x)
         x = self.dense_1(x)
-        return self.dropout(x, training=training)
+        return self.dropout(x)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -175,30 +178,31 @@ class TransformerEncoderBlock(keras.layers.Layer):
         noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=branch.dtype)
         return branch * ops.floor(keep + noise) / keep
 
-    def _attend(self, y, training, return_attention_scores):
-        if not (return_attention_scores and self.attention._flash_attention):
-            return self.attention(
-                y, y, training=training, return_attention_scores=return_attention_scores
-            )
+    def _attend(self, y, return_attention_scores):
+        # Sub-layers get `training` from Keras' call context (see MlpBlock).
+        if not return_attention_scores:
+            return self.attention(y, y)
+        if not self.attention._flash_attention:
+            return self.attention(y, y, return_attention_scores=True)
         # With flash attention switched on (`keras.config.enable_flash_attention()`),
         # Keras refuses to return scores; this one call takes the explicit
         # softmax path instead, normal calls stay on the flash kernel.
         self.attention._flash_attention = False
         try:
-            return self.attention(y, y, training=training, return_attention_scores=True)
+            return self.attention(y, y, return_attention_scores=True)
         finally:
             self.attention._flash_attention = True
 
     def call(self, inputs, training=None, return_attention_scores=False):
         y = self.layer_norm_0(inputs)
-        attended = self._attend(y, training, return_attention_scores)
+        attended = self._attend(y, return_attention_scores)
         if return_attention_scores:
             y, scores = attended
         else:
             y = attended
-        y = self.attention_dropout(y, training=training)
+        y = self.attention_dropout(y)
         x = inputs + self._drop_path(y, training)
-        y = self.mlp(self.layer_norm_2(x), training=training)
+        y = self.mlp(self.layer_norm_2(x))
         x = x + self._drop_path(y, training)
         return (x, scores) if return_attention_scores else x
 
