@@ -227,6 +227,27 @@ def check_images(model, images):
     return images
 
 
+def _check_batch_size(batch_size):
+    if not isinstance(batch_size, int) or batch_size <= 0:
+        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+
+
+def attention_batches(model, images, batch_size=32):
+    """Yields the attention of every block, one batch of `images` at a time.
+
+    For analyses that reduce over images (rollout, attention distance): the
+    attention of many images at once is large. Each item is a float64 array
+    `(layers, b, heads, T, T)` for the next `b <= batch_size` images.
+    """
+    images = check_images(model, images)
+    _check_batch_size(batch_size)
+    probe = attention_model(model)
+    names = block_names(model)
+    for start in range(0, len(images), batch_size):
+        out = probe.predict_on_batch(images[start:start + batch_size])
+        yield np.stack([np.asarray(out[name], dtype=np.float64) for name in names])
+
+
 def attention_weights(model, images, blocks=None, batch_size=32):
     """Attention probabilities of `model` on `images`, as numpy.
 
@@ -244,8 +265,7 @@ def attention_weights(model, images, blocks=None, batch_size=32):
         batch instead.
     """
     images = check_images(model, images)
-    if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+    _check_batch_size(batch_size)
     names = block_names(model)
     chosen = _check_blocks(blocks, len(names))
     probe = attention_model(model, chosen)

@@ -18,12 +18,7 @@ attention to the class token as distance 0).
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import (
-    attention_model,
-    block_names,
-    check_images,
-    geometry,
-)
+from keras_vit.inspect.attention import attention_batches, geometry
 
 
 def patch_distances(grid, patch_size):
@@ -107,16 +102,9 @@ def model_attention_distance(model, images, renormalize=True, batch_size=32):
         float64 array `(layers, heads)` in input pixels.
     """
     geo = geometry(model)
-    images = check_images(model, images)
-    if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-    probe = attention_model(model)
-    names = block_names(model)
     distances = patch_distances(geo.grid, geo.patch_size)
     totals = counts = 0
-    for start in range(0, len(images), batch_size):
-        out = probe.predict_on_batch(images[start:start + batch_size])
-        attentions = np.stack([np.asarray(out[name], dtype=np.float64) for name in names])
+    for attentions in attention_batches(model, images, batch_size):
         batch_totals, batch_counts = _distance_sums(
             attentions, distances, geo.num_prefix_tokens, renormalize
         )

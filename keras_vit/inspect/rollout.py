@@ -12,7 +12,7 @@ ViT-L/16 and reads the class token's row.
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import attention_model, block_names, check_images, geometry
+from keras_vit.inspect.attention import attention_batches, geometry
 
 SOURCES = ("token", "mean")
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -151,16 +151,8 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
         maximum of 1 per image.
     """
     geo = geometry(model)
-    images = check_images(model, images)
-    if not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
-    probe = attention_model(model)
-    names = block_names(model)
     grid_maps = []
-    # Batch by batch: the attention of many images at once is large.
-    for start in range(0, len(images), batch_size):
-        out = probe.predict_on_batch(images[start:start + batch_size])
-        attentions = np.stack([np.asarray(out[name], dtype=np.float64) for name in names])
+    for attentions in attention_batches(model, images, batch_size):
         rollout = attention_rollout(attentions, head_fusion=head_fusion)
         grid_maps.append(rollout_to_grid(rollout, geo.grid, geo.num_prefix_tokens, source))
     grid_maps = np.concatenate(grid_maps)
