@@ -1,5 +1,19 @@
 """keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) in Keras 3."""
 
+import re as _re
+
+import keras as _keras
+
+# The lowest Keras keras_vit is tested with (requirements/lowest.txt, run in
+# CI). Keras 3.8 and 3.9 cannot give optimizer slots a sharding layout
+# (`add_variable(layout=...)`), which training under a distribution needs.
+MIN_KERAS_VERSION = (3, 10)
+if tuple(int(part) for part in _re.findall(r"\d+", _keras.__version__)[:2]) < MIN_KERAS_VERSION:
+    raise ImportError(
+        f"keras_vit needs Keras >= {'.'.join(map(str, MIN_KERAS_VERSION))}; "
+        f"found keras=={_keras.__version__}. Upgrade with: pip install -U 'keras>=3.10'"
+    )
+
 from keras_vit import distribute, layers, training
 from keras_vit.models import (
     R26ViTB32,

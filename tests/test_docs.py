@@ -46,3 +46,46 @@ def test_variants_table_is_current():
     assert len(documented) == len(expected)
     for doc_row, row in zip(documented[2:], expected[2:]):
         assert doc_row == row
+
+
+def _floors_in_pyproject():
+    text = (ROOT / "pyproject.toml").read_text()
+    return dict(re.findall(r'"([A-Za-z0-9_.-]+)>=([0-9.]+)', text))
+
+
+def _pins_in(requirements):
+    text = (ROOT / "requirements" / requirements).read_text()
+    return dict(re.findall(r"^([A-Za-z0-9_.-]+)==([0-9.]+)", text, re.MULTILINE))
+
+
+def test_declared_floors_are_the_versions_ci_tests():
+    """Every floor pyproject declares for a backend, Keras, numpy or tfds is
+    exactly what requirements/lowest.txt installs for the lowest-versions run,
+    and keras_vit's import-time Keras check says the same."""
+    import keras_vit
+
+    floors, lowest = _floors_in_pyproject(), _pins_in("lowest.txt")
+    for package in ["keras", "numpy", "tensorflow-cpu", "jax", "torch", "tensorflow-datasets"]:
+        assert floors[package] == lowest[package], (package, floors[package], lowest[package])
+    assert ".".join(map(str, keras_vit.MIN_KERAS_VERSION)) + ".0" == lowest["keras"]
+    readme = (ROOT / "README.md").read_text()
+    for package in ["keras", "tensorflow-cpu", "jax", "torch", "tensorflow-datasets"]:
+        assert f"{package} {lowest[package]}" in readme, f"README does not name {package} {lowest[package]}"
+        assert f"{package} {_pins_in('test.txt')[package]}" in readme, package
+
+
+def test_old_keras_is_refused_at_import_with_the_version(monkeypatch):
+    import importlib
+    import sys
+
+    import keras
+
+    monkeypatch.setattr(keras, "__version__", "3.9.2")
+    saved = {name: module for name, module in sys.modules.items() if name.startswith("keras_vit")}
+    for name in saved:
+        monkeypatch.delitem(sys.modules, name)
+    try:
+        with __import__("pytest").raises(ImportError, match=r"Keras >= 3\.10.*keras==3\.9\.2"):
+            importlib.import_module("keras_vit")
+    finally:
+        sys.modules.update(saved)

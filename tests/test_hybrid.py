@@ -375,6 +375,7 @@ def _check_parity(model, kind, path, size, tmp_path):
         assert_close_rel(ours[0], timm_formula[0])
 
 
+@pytest.mark.timm
 def test_parity_with_timm(tmp_path):
     source, path = _export_random_hybrid("stages", tmp_path)
     _check_parity(source, "stages", path, LOW, tmp_path)
@@ -385,6 +386,7 @@ def test_parity_with_timm(tmp_path):
     _check_parity(big, "stages", path, HIGH, tmp_path)
 
 
+@pytest.mark.timm
 def test_parity_with_timm_root_only(tmp_path):
     # The R+Ti/16 layout (root, then patches on its feature map), loaded at
     # a higher resolution than it was exported at.

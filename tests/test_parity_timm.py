@@ -20,6 +20,10 @@ import keras_vit
 from keras_vit.weights.npz import POSEMB_KEY
 from tests.helpers import assert_close_rel, randomize_weights
 
+# timm is the reference here; the lowest-versions run (requirements/lowest.txt)
+# has no timm and deselects these with -m 'not timm'.
+pytestmark = pytest.mark.timm
+
 torch = pytest.importorskip("torch")
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
 
