@@ -75,10 +75,6 @@ def parse_args(argv=None):
     parser.add_argument("--bits", type=int, default=3)
     parser.add_argument("--quantization", default="uint8", choices=("uint8", "uniform"))
     parser.add_argument("--corruption-rate", type=float, default=0.5)
-    parser.add_argument(
-        "--class-token", default="auto", choices=("auto", "yes", "no"),
-        help="keep the class token in the sequence (auto: when the model has one)",
-    )
     parser.add_argument("--head-hidden-size", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="run directory")
@@ -196,14 +192,12 @@ def main(argv=None):
         backbone = keras_vit.ViT(
             variant, include_top=False, input_shape=(size, size, 3), **args.overrides
         )
-    class_token = {"auto": None, "yes": True, "no": False}[args.class_token]
     model = pretraining.MaskedPatchPrediction(
         backbone,
         target=args.target,
         bits=args.bits,
         quantization=args.quantization,
         corruption_rate=args.corruption_rate,
-        class_token=class_token,
         head_hidden_size=args.head_hidden_size,
         seed=args.seed,
     )

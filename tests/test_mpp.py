@@ -163,18 +163,33 @@ def test_loss_equals_manual_computation(backbone, target):
     np.testing.assert_array_equal(out["targets"], _np(patch_targets(images, (8, 8), target)))
 
 
-def test_weights_shared_with_backbone_and_config(backbone, tmp_path):
-    model = MaskedPatchPrediction(backbone, class_token=False, head_hidden_size=8, seed=0)
+def test_encoder_is_the_backbone_graph_with_a_hook_after_the_embedding(backbone):
+    """With corruption that keeps every patch, the MPP encoder's tokens are the
+    backbone's own output (class token, position embedding and blocks as the
+    builder wired them), and the predictions skip the class token."""
+    model = MaskedPatchPrediction(backbone, mask_fraction=0.0, random_fraction=0.0, seed=0)
+    images = np.random.default_rng(1).uniform(-1, 1, (3, 16, 24, 3)).astype("float32")
+    tokens, kind = model.encoder(images, training=False)
+    np.testing.assert_allclose(_np(tokens), _np(backbone(images, training=False)), atol=1e-6)
+    assert set(np.unique(_np(kind))) == {CLEAN, KEPT}
+    out = model.predict_on_batch(images)
+    assert out["predictions"].shape == (3, 6, 512)
+
+
+def test_weights_shared_with_backbone_and_config(tmp_path):
+    # A backbone without a class token: one output token per patch.
+    backbone = keras_vit.ViT(
+        None, include_top=False, input_shape=(16, 24, 3), classifier="gap", **TINY)
+    model = MaskedPatchPrediction(backbone, head_hidden_size=8, seed=0)
     backbone_ids = {id(v) for v in backbone.weights}
     extra = [v for v in model.weights if id(v) not in backbone_ids]
     # Only the mask embedding, the head and its transform are new.
-    assert sorted(v.path.split("/", 1)[1] for v in extra) == sorted([
+    assert sorted("/".join(v.path.split("/")[-2:]) for v in extra) == sorted([
         "corruption/mask_embedding", "mpp_head/kernel", "mpp_head/bias",
         "mpp_transform/kernel", "mpp_transform/bias",
         "mpp_transform_norm/gamma", "mpp_transform_norm/beta",
     ])
     assert backbone_ids <= {id(v) for v in model.weights}
-    # Without the class token the output has one token per patch all the same.
     out = model.predict_on_batch(np.zeros((3, 16, 24, 3), "float32"))
     assert out["predictions"].shape == (3, 6, 512)
     # Config round trip and weights round trip.
@@ -201,9 +216,6 @@ def test_bad_backbones(backbone):
         MaskedPatchPrediction(backbone, target="colour")
     with pytest.raises(ValueError, match="downsample_grid=3"):
         MaskedPatchPrediction(backbone, target="downsampled", downsample_grid=3)
-    gap = keras_vit.ViT(None, input_shape=(16, 24, 3), include_top=False, classifier="gap", **TINY)
-    with pytest.raises(ValueError, match="class_token=True"):
-        MaskedPatchPrediction(gap, class_token=True)
 
 
 def test_short_run_then_finetune_from_checkpoint(tmp_path):

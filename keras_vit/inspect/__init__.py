@@ -20,11 +20,9 @@ PDF). See `docs/inspect.md`.
 
 from keras_vit.inspect.attention import (
     AttentionProbe,
-    Geometry,
     attention_model,
     attention_weights,
     block_names,
-    geometry,
 )
 from keras_vit.inspect.distance import (
     mean_attention_distance,
@@ -43,6 +41,10 @@ from keras_vit.inspect.posemb import (
     posemb_similarity,
 )
 from keras_vit.inspect.report import load_image_folder, write_figures
+# Where the tokens sit on the image: the model's anatomy, under the name the
+# analyses use.
+from keras_vit.models.anatomy import ModelAnatomy as Geometry
+from keras_vit.models.anatomy import anatomy as geometry
 from keras_vit.inspect.rollout import (
     attention_rollout,
     plot_rollout,

@@ -8,101 +8,16 @@ blocks. The model itself keeps calling its blocks without
 path, for inference and training.
 """
 
-import dataclasses
-import re
-
 import keras
 import numpy as np
 
 from keras_vit.layers import TransformerEncoderBlock
-
-_BLOCK = re.compile(r"^encoderblock_(\d+)$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Geometry:
-    """Where the tokens of a keras_vit model sit on its input image.
-
-    Args:
-        image_size: `(height, width)` of the model's input in pixels.
-        grid: `(rows, cols)` of the patch grid; token `prefix + r * cols + c`
-            is the patch at row `r`, column `c`.
-        patch_size: `(height, width)` of one patch in input pixels. For a
-            hybrid this is the ResNet stem's stride times the patch size on
-            its feature map.
-        num_prefix_tokens: tokens before the grid (1 with a class token).
-        num_layers: number of encoder blocks.
-        num_heads: attention heads per block.
-        hybrid: True when the patch embedding reads a feature map (a ResNet
-            stem) rather than the RGB image.
-    """
-
-    image_size: tuple
-    grid: tuple
-    patch_size: tuple
-    num_prefix_tokens: int
-    num_layers: int
-    num_heads: int
-    hybrid: bool
-
-    @property
-    def num_tokens(self):
-        return self.num_prefix_tokens + self.grid[0] * self.grid[1]
-
-
-def _get_layer(model, name):
-    try:
-        return model.get_layer(name)
-    except ValueError:
-        raise ValueError(
-            f"The model has no layer named {name!r}, so it is not a keras_vit "
-            "ViT (or it is wrapped inside another model; pass the inner "
-            f"keras_vit model). Received: model={getattr(model, 'name', model)!r}"
-        ) from None
+from keras_vit.models.anatomy import anatomy
 
 
 def block_names(model):
     """Names of the model's encoder blocks, in order (`encoderblock_0`, ...)."""
-    found = {}
-    for layer in getattr(model, "layers", ()):
-        match = _BLOCK.match(layer.name)
-        if match and isinstance(layer, TransformerEncoderBlock):
-            found[int(match.group(1))] = layer.name
-    if not found or sorted(found) != list(range(len(found))):
-        raise ValueError(
-            "The model has no consecutive `encoderblock_{i}` TransformerEncoderBlock "
-            "layers, so it is not a keras_vit ViT. "
-            f"Received: model={getattr(model, 'name', model)!r}"
-        )
-    return [found[i] for i in range(len(found))]
-
-
-def geometry(model):
-    """The `Geometry` of a keras_vit model (plain or hybrid)."""
-    names = block_names(model)
-    embedding = _get_layer(model, "embedding")
-    image_shape = tuple(model.inputs[0].shape)
-    feature_shape = tuple(embedding.input.shape)
-    rows, cols = embedding.grid_size(feature_shape)
-    height, width = image_shape[1], image_shape[2]
-    if None in (height, width, rows, cols) or rows == 0 or cols == 0:
-        raise ValueError(
-            "The model needs a fixed input size to place its patches. "
-            f"Received: model input shape {image_shape}"
-        )
-    has_cls = any(layer.name == "cls" for layer in model.layers)
-    block = model.get_layer(names[0])
-    return Geometry(
-        image_size=(height, width),
-        grid=(rows, cols),
-        # The sides are multiples of the effective stride (checked by `ViT`),
-        # so this is (stem stride x patch) for hybrids and the patch otherwise.
-        patch_size=(height // rows, width // cols),
-        num_prefix_tokens=1 if has_cls else 0,
-        num_layers=len(names),
-        num_heads=block.num_heads,
-        hybrid=feature_shape[1:3] != image_shape[1:3],
-    )
+    return list(anatomy(model).block_names)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -202,7 +117,7 @@ def attention_model(model, blocks=None):
     chosen = _check_blocks(blocks, len(names))
     # The first block's input is the embedded sequence (patches, class
     # token, position embedding, dropout) of the model's own graph.
-    x = _get_layer(model, names[0]).input
+    x = model.get_layer(names[0]).input
     scores = {}
     for i in range(max(chosen) + 1):
         block = model.get_layer(names[i])

@@ -18,7 +18,8 @@ attention to the class token as distance 0).
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import attention_batches, geometry
+from keras_vit.inspect.attention import attention_batches
+from keras_vit.models.anatomy import anatomy
 
 
 def patch_distances(grid, patch_size):
@@ -101,7 +102,7 @@ def model_attention_distance(model, images, renormalize=True, batch_size=32):
     Returns:
         float64 array `(layers, heads)` in input pixels.
     """
-    geo = geometry(model)
+    geo = anatomy(model)
     distances = patch_distances(geo.grid, geo.patch_size)
     totals = counts = 0
     for attentions in attention_batches(model, images, batch_size):

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import _get_layer, geometry
+from keras_vit.models.anatomy import anatomy, get_layer
 
 
 def filter_components(kernel, num_components=28, center=True):
@@ -79,8 +79,8 @@ def embedding_filter_components(model, num_components=28, center=True):
         ValueError: for hybrid models, whose patch embedding reads a ResNet
             feature map rather than RGB pixels (its filters are not images).
     """
-    geo = geometry(model)
-    embedding = _get_layer(model, "embedding")
+    geo = anatomy(model)
+    embedding = get_layer(model, "embedding")
     kernel = keras.ops.convert_to_numpy(embedding.kernel)
     if geo.hybrid or kernel.shape[2] != 3:
         raise ValueError(

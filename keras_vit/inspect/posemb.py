@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import _get_layer, geometry
+from keras_vit.models.anatomy import anatomy, get_layer
 
 
 def posemb_similarity(posemb, grid, num_prefix_tokens=0):
@@ -48,8 +48,8 @@ def posemb_similarity(posemb, grid, num_prefix_tokens=0):
 
 def model_posemb_similarity(model):
     """`posemb_similarity` of a keras_vit model's `posembed_input` weights."""
-    geo = geometry(model)
-    posemb = _get_layer(model, "posembed_input").pos_embedding
+    geo = anatomy(model)
+    posemb = get_layer(model, "posembed_input").pos_embedding
     return posemb_similarity(
         keras.ops.convert_to_numpy(posemb), geo.grid, geo.num_prefix_tokens
     )

@@ -6,7 +6,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.inspect.attention import geometry
+from keras_vit.models.anatomy import anatomy
 from keras_vit.inspect.distance import model_attention_distance, plot_attention_distance
 from keras_vit.inspect.filters import (
     embedding_filter_components,
@@ -99,7 +99,7 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
         )
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
-    geo = geometry(model)
+    geo = anatomy(model)
     images = np.asarray(keras.ops.convert_to_numpy(images), dtype=np.float32)
     written, arrays = {}, {}
 

@@ -12,7 +12,8 @@ ViT-L/16 and reads the class token's row.
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import attention_batches, geometry
+from keras_vit.inspect.attention import attention_batches
+from keras_vit.models.anatomy import anatomy
 
 SOURCES = ("token", "mean")
 HEAD_FUSIONS = ("mean", "max", "min")
@@ -150,7 +151,7 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
         patch grid and `(B, H, W)` upsampled to the image, both scaled to a
         maximum of 1 per image.
     """
-    geo = geometry(model)
+    geo = anatomy(model)
     grid_maps = []
     for attentions in attention_batches(model, images, batch_size):
         rollout = attention_rollout(attentions, head_fusion=head_fusion)

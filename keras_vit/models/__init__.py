@@ -1,4 +1,6 @@
-"""ViT model builders."""
+"""ViT model builders, and the anatomy of a built model."""
+
+from keras_vit.models.anatomy import ModelAnatomy, anatomy
 
 from keras_vit.models.vit import (
     R26ViTB32,

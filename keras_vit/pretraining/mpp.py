@@ -30,16 +30,19 @@ are ours and are arguments:
 * Head: one Dense layer (zero-initialised, like the classification head)
   on each output token after `encoder_norm`; `head_hidden_size` inserts
   BERT's transform (Dense -> GELU -> LayerNorm) before it.
-* Class token: kept in the sequence by default (`class_token=None` uses it
-  when the backbone has one), so pre-training sees the sequence that
-  fine-tuning will see; it is not predicted from. `class_token=False` drops
-  it (its position-embedding row is then unused and stays untrained).
+* Class token: the sequence is the backbone's own, so with a class token
+  pre-training sees the sequence that fine-tuning will see; it is not
+  predicted from. To pre-train without one, build the backbone with
+  `classifier="gap"`.
 * Loss: softmax cross-entropy averaged over the corrupted patches (and over
   the 16 cells of `"downsampled"`); `"pixels"` uses the mean squared error
   of the patch's pixels in the model's input range, averaged the same way.
 
-The MPP model is built around a normal keras_vit model and calls its layers
-directly, so the pre-trained encoder *is* that model: write it with
+The MPP model is the backbone's own graph with one hook: the corruption is
+called right after the `embedding` layer (`keras.models.clone_model` with a
+`call_function`, sharing every layer). So the pre-trained encoder *is* the
+backbone, with its class token, position embedding, dropout and blocks as
+the builder made them: write it with
 `export_encoder(path)` (the original `.npz` format) and fine-tune with
 `keras_vit.ViT(variant, weights=path, num_classes=...)`.
 
@@ -51,8 +54,8 @@ embedding would not hide its pixels from the others.
 import keras
 from keras import ops
 
-from keras_vit.layers import AddPositionEmbedding, ClassToken, PatchEmbedding
-from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, TransformerEncoderBlock
+from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+from keras_vit.models.anatomy import anatomy
 
 TARGETS = ("mean_color", "downsampled", "pixels")
 QUANTIZATIONS = ("uint8", "uniform")
@@ -303,17 +306,28 @@ class PatchCorruption(keras.layers.Layer):
         return config
 
 
-def _layer(model, name, kind=None):
-    try:
-        layer = model.get_layer(name)
-    except ValueError:
-        layer = None
-    if layer is None or (kind is not None and not isinstance(layer, kind)):
-        raise ValueError(
-            f"The backbone has no {kind.__name__ if kind else ''} layer named "
-            f"{name!r}, so it is not a keras_vit ViT. Received: backbone={model.name!r}"
-        )
-    return layer
+def corrupted_encoder(backbone, corruption):
+    """The backbone's graph with `corruption` called after its `embedding`.
+
+    Returns a functional model sharing every layer (so every weight) with
+    `backbone`, whose outputs are the backbone's output and the corruption
+    kinds. The hook after the patch embedding is the only change: the class
+    token, position embedding, dropout, blocks and norm run as the builder
+    wired them.
+    """
+    kinds = []
+
+    def call(layer, *args, **kwargs):
+        out = layer(*args, **kwargs)
+        if layer.name == "embedding":
+            out, kind = corruption(out)
+            kinds.append(kind)
+        return out
+
+    clone = keras.models.clone_model(
+        backbone, clone_function=lambda layer: layer, call_function=call
+    )
+    return keras.Model(clone.inputs[0], [clone.outputs[0], kinds[0]], name=f"{backbone.name}_corrupted")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -349,8 +363,6 @@ class MaskedPatchPrediction(keras.Model):
         downsample_grid: cells per side for `"downsampled"`. Defaults to 4.
         corruption_rate, mask_fraction, random_fraction: see
             `PatchCorruption` (defaults 0.5, 0.8, 0.1).
-        class_token: None (default) keeps the class token when the backbone
-            has one; False leaves it out; True requires it.
         head_hidden_size: None (default) for a linear head; an int adds
             BERT's transform (Dense -> GELU -> LayerNorm) of that width.
         seed: optional int for the corruption.
@@ -358,7 +370,7 @@ class MaskedPatchPrediction(keras.Model):
 
     def __init__(self, backbone, target="mean_color", bits=3, quantization="uint8",
                  downsample_grid=4, corruption_rate=0.5, mask_fraction=0.8,
-                 random_fraction=0.1, class_token=None, head_hidden_size=None,
+                 random_fraction=0.1, head_hidden_size=None,
                  seed=None, **kwargs):
         if isinstance(backbone, dict):
             backbone = keras.saving.deserialize_keras_object(backbone)
@@ -387,46 +399,26 @@ class MaskedPatchPrediction(keras.Model):
         self.head_hidden_size = head_hidden_size
         self.seed = seed
 
-        embedding = _layer(backbone, "embedding", PatchEmbedding)
-        _layer(backbone, "posembed_input", AddPositionEmbedding)
-        norm = _layer(backbone, "encoder_norm")
-        self._block_names = []
-        while any(layer.name == f"encoderblock_{len(self._block_names)}" for layer in backbone.layers):
-            name = f"encoderblock_{len(self._block_names)}"
-            _layer(backbone, name, TransformerEncoderBlock)
-            self._block_names.append(name)
-        if not self._block_names:
-            _layer(backbone, "encoderblock_0", TransformerEncoderBlock)
-        if len(backbone.outputs) != 1 or backbone.outputs[0] is not norm.output:
+        parts = anatomy(backbone)
+        if not parts.outputs_tokens:
             raise ValueError(
                 "The backbone must output the token sequence after `encoder_norm`: "
                 "build it with `include_top=False, pooling=None`. "
                 f"Received: backbone={backbone.name!r} with outputs {backbone.outputs}"
             )
-        image_shape = tuple(backbone.inputs[0].shape)
-        feature_shape = tuple(embedding.input.shape)
-        if feature_shape[1:] != image_shape[1:] or image_shape[-1] != 3:
+        if parts.hybrid or parts.channels != 3:
             raise ValueError(
                 "Masked patch prediction needs a plain ViT whose patch embedding "
                 "reads the RGB image. In a hybrid, the ResNet's receptive fields "
                 "let neighbouring tokens see a corrupted patch's pixels. "
-                f"Received: backbone={backbone.name!r} (embedding input {feature_shape}, "
-                f"image {image_shape})"
+                f"Received: backbone={backbone.name!r} (hybrid={parts.hybrid}, "
+                f"{parts.channels} input channels)"
             )
-        self.patch_size = tuple(embedding.patch_size)
-        self.image_shape = image_shape[1:]
-        rows, cols = embedding.grid_size(image_shape)
-        self.num_patches = rows * cols
-        has_cls = any(layer.name == "cls" and isinstance(layer, ClassToken) for layer in backbone.layers)
-        if class_token is None:
-            class_token = has_cls
-        if class_token not in (True, False) or (class_token and not has_cls):
-            raise ValueError(
-                "`class_token` must be None, or a bool (True only for a backbone "
-                f"with a class token). Received: class_token={class_token!r}"
-            )
-        self.class_token = bool(class_token)
-        self._has_cls = has_cls
+        self.patch_size = parts.patch_size
+        self.image_shape = (*parts.image_size, parts.channels)
+        self.num_patches = parts.num_patches
+        self._num_prefix_tokens = parts.num_prefix_tokens
+        self._hidden_size = parts.hidden_size
         if target == "downsampled":
             g = downsample_grid
             if not isinstance(g, int) or g <= 0 or self.patch_size[0] % g or self.patch_size[1] % g:
@@ -437,6 +429,7 @@ class MaskedPatchPrediction(keras.Model):
         self.corruption = PatchCorruption(
             corruption_rate, mask_fraction, random_fraction, seed=seed, name="corruption"
         )
+        self.encoder = corrupted_encoder(backbone, self.corruption)
         self.num_classes = 2 ** (3 * self.bits)
         if target == "mean_color":
             outputs = self.num_classes
@@ -458,10 +451,8 @@ class MaskedPatchPrediction(keras.Model):
         self.build((None, *self.image_shape))
 
     def build(self, input_shape):
-        hidden = self.backbone.get_layer("embedding").hidden_size
-        tokens = (None, self.num_patches, hidden)
-        self.corruption.build(tokens)
-        width = hidden
+        tokens = (None, self.num_patches, self._hidden_size)
+        width = self._hidden_size
         if self.transform is not None:
             self.transform.build(tokens)
             width = self.head_hidden_size
@@ -470,24 +461,9 @@ class MaskedPatchPrediction(keras.Model):
         self.built = True
 
     def call(self, images, training=None):
-        backbone = self.backbone
-        x = backbone.get_layer("embedding")(images)
-        x, kind = self.corruption(x)
-        posemb = backbone.get_layer("posembed_input")
-        if self.class_token:
-            x = posemb(backbone.get_layer("cls")(x))
-        elif self._has_cls:
-            # No class token: the grid rows of the position embedding only.
-            x = x + ops.cast(posemb.pos_embedding[:, 1:], x.dtype)
-        else:
-            x = posemb(x)
-        if any(layer.name == "dropout" for layer in backbone.layers):
-            x = backbone.get_layer("dropout")(x, training=training)
-        for name in self._block_names:
-            x = backbone.get_layer(name)(x, training=training)
-        x = backbone.get_layer("encoder_norm")(x)
-        if self.class_token:
-            x = x[:, 1:]
+        x, kind = self.encoder(images, training=training)
+        # Predictions come from the patch tokens only, never the class token.
+        x = x[:, self._num_prefix_tokens:]
         if self.transform is not None:
             x = self.transform_norm(ops.gelu(self.transform(x), approximate=True))
         predictions = self.head(x)
@@ -557,7 +533,6 @@ class MaskedPatchPrediction(keras.Model):
             "corruption_rate": self.corruption.corruption_rate,
             "mask_fraction": self.corruption.mask_fraction,
             "random_fraction": self.corruption.random_fraction,
-            "class_token": self.class_token,
             "head_hidden_size": self.head_hidden_size,
             "seed": self.seed,
         }

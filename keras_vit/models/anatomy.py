@@ -1,0 +1,148 @@
+"""What a keras_vit model looks like, read off the model itself.
+
+The builder (`keras_vit.models.vit.ViT`) names its layers after the original
+checkpoint's scopes (`embedding`, `cls`, `posembed_input`, `encoderblock_{i}`,
+`encoder_norm`, `pre_logits`, `head`). `anatomy(model)` is the one place that
+reads those names back into a structure; the weight loader, the inspection
+tools, masked patch prediction and the recipes all ask it instead of looking
+for layers themselves.
+"""
+
+import dataclasses
+import re
+
+import keras
+
+from keras_vit import layers as vit_layers
+
+_BLOCK = re.compile(r"^encoderblock_(\d+)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelAnatomy:
+    """The structure of a keras_vit model.
+
+    Args:
+        image_size: `(height, width)` of the model's input in pixels.
+        channels: channels of the input image.
+        grid: `(rows, cols)` of the patch grid; token `num_prefix_tokens +
+            r * cols + c` is the patch at row `r`, column `c`.
+        patch_size: `(height, width)` of one patch in input pixels. For a
+            hybrid this is the ResNet stem's stride times the patch size on
+            its feature map.
+        hidden_size: token width.
+        num_heads: attention heads per block.
+        num_layers: number of encoder blocks.
+        block_names: the blocks' layer names, in order.
+        num_prefix_tokens: tokens before the grid (1 with a class token).
+        hybrid: True when the patch embedding reads a feature map (a ResNet
+            stem) rather than the image.
+        has_pre_logits: True when the model has the pre-training head's
+            `pre_logits` layer (Dense + tanh).
+        num_classes: width of the `head` layer, or None without a head.
+        outputs_tokens: True when the model's output is the token sequence
+            after `encoder_norm` (`include_top=False, pooling=None`).
+    """
+
+    image_size: tuple
+    channels: int
+    grid: tuple
+    patch_size: tuple
+    hidden_size: int
+    num_heads: int
+    num_layers: int
+    block_names: tuple
+    num_prefix_tokens: int
+    hybrid: bool
+    has_pre_logits: bool
+    num_classes: object
+    outputs_tokens: bool
+
+    @property
+    def num_patches(self):
+        return self.grid[0] * self.grid[1]
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def has_class_token(self):
+        return self.num_prefix_tokens == 1
+
+
+def _describe(model):
+    return getattr(model, "name", repr(model))
+
+
+def get_layer(model, name, kind=None):
+    """The layer `name` of a keras_vit model, checked to be a `kind`."""
+    try:
+        layer = model.get_layer(name)
+    except (ValueError, AttributeError):
+        layer = None
+    if layer is None or (kind is not None and not isinstance(layer, kind)):
+        what = f"{kind.__name__} layer" if kind is not None else "layer"
+        raise ValueError(
+            f"The model has no {what} named {name!r}, so it is not a keras_vit "
+            "ViT (or it is wrapped inside another model; pass the inner "
+            f"keras_vit model). Received: model={_describe(model)!r}"
+        )
+    return layer
+
+
+def _block_names(model):
+    found = {}
+    for layer in getattr(model, "layers", ()):
+        match = _BLOCK.match(layer.name)
+        if match and isinstance(layer, vit_layers.TransformerEncoderBlock):
+            found[int(match.group(1))] = layer.name
+    if not found or sorted(found) != list(range(len(found))):
+        raise ValueError(
+            "The model has no consecutive `encoderblock_{i}` TransformerEncoderBlock "
+            "layers, so it is not a keras_vit ViT. "
+            f"Received: model={_describe(model)!r}"
+        )
+    return tuple(found[i] for i in range(len(found)))
+
+
+def anatomy(model):
+    """The `ModelAnatomy` of a keras_vit model (plain or hybrid).
+
+    Raises:
+        ValueError: naming the model, when it is not a keras_vit ViT or has
+            no fixed input size.
+    """
+    names = _block_names(model)
+    embedding = get_layer(model, "embedding", vit_layers.PatchEmbedding)
+    get_layer(model, "posembed_input", vit_layers.AddPositionEmbedding)
+    image_shape = tuple(model.inputs[0].shape)
+    feature_shape = tuple(embedding.input.shape)
+    height, width = image_shape[1], image_shape[2]
+    rows, cols = embedding.grid_size(feature_shape) if None not in feature_shape[1:3] else (None, None)
+    if None in (height, width, rows, cols) or rows == 0 or cols == 0:
+        raise ValueError(
+            "The model needs a fixed input size to place its patches. "
+            f"Received: model input shape {image_shape}"
+        )
+    layer_names = {layer.name for layer in model.layers}
+    has_cls = "cls" in layer_names and isinstance(model.get_layer("cls"), vit_layers.ClassToken)
+    head = model.get_layer("head") if "head" in layer_names else None
+    norm = get_layer(model, "encoder_norm")
+    return ModelAnatomy(
+        image_size=(height, width),
+        channels=image_shape[3],
+        grid=(rows, cols),
+        # The sides are multiples of the effective stride (checked by `ViT`),
+        # so this is (stem stride x patch) for hybrids and the patch otherwise.
+        patch_size=(height // rows, width // cols),
+        hidden_size=embedding.hidden_size,
+        num_heads=model.get_layer(names[0]).num_heads,
+        num_layers=len(names),
+        block_names=names,
+        num_prefix_tokens=1 if has_cls else 0,
+        hybrid=feature_shape[1:3] != image_shape[1:3],
+        has_pre_logits="pre_logits" in layer_names,
+        num_classes=head.units if isinstance(head, keras.layers.Dense) else None,
+        outputs_tokens=len(model.outputs) == 1 and model.outputs[0] is norm.output,
+    )

@@ -1,0 +1,63 @@
+"""`keras_vit.models.anatomy`: the one reader of a model's structure, on a
+table of model kinds (plain, gap, pre-logits, hybrid, root-only hybrid)."""
+
+import keras
+import pytest
+
+import keras_vit
+from keras_vit.models import anatomy
+
+TINY = dict(hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32)
+
+# kind: (builder keywords, expected anatomy fields)
+KINDS = {
+    "plain": (
+        dict(patch_size=8, input_shape=(16, 24, 3), num_classes=5),
+        dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=1, hybrid=False,
+             has_pre_logits=False, num_classes=5, outputs_tokens=False),
+    ),
+    "gap": (
+        dict(patch_size=8, input_shape=(16, 24, 3), classifier="gap", include_top=False),
+        dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=0, hybrid=False,
+             has_pre_logits=False, num_classes=None, outputs_tokens=True),
+    ),
+    "pre_logits": (
+        dict(patch_size=4, input_shape=(16, 16, 3), representation_size=12, num_classes=7),
+        dict(grid=(4, 4), patch_size=(4, 4), num_prefix_tokens=1, hybrid=False,
+             has_pre_logits=True, num_classes=7, outputs_tokens=False),
+    ),
+    "hybrid": (
+        # Root (stride 4) + one stage of one unit (stride 1) x patch 2.
+        dict(patch_size=2, input_shape=(32, 32, 3), resnet=(1,), resnet_width_factor=0.5,
+             classifier="gap", num_classes=3),
+        dict(grid=(4, 4), patch_size=(8, 8), num_prefix_tokens=0, hybrid=True,
+             has_pre_logits=False, num_classes=3, outputs_tokens=False),
+    ),
+    "root_only": (
+        dict(patch_size=2, input_shape=(32, 48, 3), resnet=(), resnet_width_factor=0.5,
+             include_top=False),
+        dict(grid=(4, 6), patch_size=(8, 8), num_prefix_tokens=1, hybrid=True,
+             has_pre_logits=False, num_classes=None, outputs_tokens=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_anatomy_of_every_model_kind(kind):
+    keywords, expected = KINDS[kind]
+    model = keras_vit.ViT(None, **TINY, **keywords)
+    parts = anatomy(model)
+    for field, value in expected.items():
+        assert getattr(parts, field) == value, (kind, field, getattr(parts, field))
+    assert (parts.hidden_size, parts.num_heads, parts.num_layers) == (16, 2, 2)
+    assert parts.block_names == ("encoderblock_0", "encoderblock_1")
+    assert parts.image_size == keywords["input_shape"][:2] and parts.channels == 3
+    assert parts.num_tokens == parts.num_prefix_tokens + parts.grid[0] * parts.grid[1]
+    # The token count agrees with the model's own block input.
+    assert model.get_layer("encoderblock_0").input.shape[1] == parts.num_tokens
+
+
+def test_anatomy_refuses_other_models_naming_them():
+    other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="not_a_vit")
+    with pytest.raises(ValueError, match="not a keras_vit ViT.*not_a_vit"):
+        anatomy(other)
