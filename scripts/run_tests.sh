@@ -36,7 +36,7 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 status=0
 for backend in $BACKENDS; do
   echo "== KERAS_BACKEND=$backend"
-  KERAS_BACKEND="$backend" "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" || status=1
+  KERAS_BACKEND="$backend" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --large "$@" || status=1
 done
 if [ "$LOWEST" = 1 ]; then
   # The checkout itself is imported (PYTHONPATH), not installed, so this
@@ -45,7 +45,7 @@ if [ "$LOWEST" = 1 ]; then
     echo "== lowest versions (requirements/lowest.txt), KERAS_BACKEND=$backend"
     # shellcheck disable=SC2086
     KERAS_BACKEND="$backend" PYTHONPATH="$PWD" JAX_COMPILATION_CACHE_DIR="$PWD/$LOWEST_VENV/jax_cache" \
-      "$LOWEST_VENV/bin/python" -m pytest -q -p no:cacheprovider -m "not timm" $LOWEST_TESTS "$@" || status=1
+      "$LOWEST_VENV/bin/python" -m pytest -q -p no:cacheprovider --large -m "not timm" $LOWEST_TESTS "$@" || status=1
   done
 fi
 exit $status
