@@ -31,6 +31,8 @@ METRICS = (
     "best_val", "final_val", "final_test", "adapt_final_val", "adapt_final_test",
     "infer_samples_per_sec",
 )
+# Metrics of the fine-tuned checkpoint (the speed is at `adapt_resolution`).
+FINETUNE_METRICS = ("adapt_final_val", "adapt_final_test", "infer_samples_per_sec")
 BUCKET_PATH = "augreg/index.csv"
 
 
@@ -202,9 +204,9 @@ class AugRegIndex:
     def best(self, metric=None, **filters):
         """The checkpoint name (for `weights=`) with the highest `metric`.
 
-        With a fine-tuning filter (`adapt_ds`, `adapt_resolution`, ...) or an
-        `adapt_` metric, the fine-tuned file (`adapt_filename`) with the best
-        `adapt_final_val` by default; otherwise the pre-trained file
+        With a fine-tuning filter (`adapt_ds`, `adapt_resolution`, ...) or a
+        metric of `FINETUNE_METRICS`, the fine-tuned file (`adapt_filename`),
+        ranked by `adapt_final_val` by default; otherwise the pre-trained file
         (`filename`) with the best upstream `final_val`, the selection the
         AugReg paper recommends (Sec. 4.5).
 
@@ -214,7 +216,7 @@ class AugRegIndex:
         """
         if metric is not None:
             _check_metric(metric)
-        adapt = metric is not None and metric.startswith("adapt_") or any(
+        adapt = metric in FINETUNE_METRICS or any(
             c.startswith("adapt_") for c in filters
         )
         metric = metric or ("adapt_final_val" if adapt else "final_val")
