@@ -100,7 +100,7 @@ def decode_predictions(predictions, top=5, class_names=None):
         predictions: `(batch, classes)` logits or probabilities (numpy or a
             backend tensor), e.g. the output of an ImageNet-2012 fine-tuned
             model.
-        top: int. How many classes per example.
+        top: int. How many classes per example (at most all of them).
         class_names: None for the ImageNet-2012 (1,000 classes, shipped) or
             ImageNet-21k (21,843 classes, downloaded once) heads; otherwise a
             list of names or the path of a text file with one class per line.
@@ -119,8 +119,8 @@ def decode_predictions(predictions, top=5, class_names=None):
             f"Received: predictions with shape {scores.shape}"
         )
     num_classes = scores.shape[1]
-    if not isinstance(top, int) or isinstance(top, bool) or not 1 <= top <= num_classes:
-        raise ValueError(f"`top` must be an int in [1, {num_classes}]. Received: top={top!r}")
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise ValueError(f"`top` must be a positive int. Received: top={top!r}")
     names = _class_names(class_names, num_classes)
     # Stable: equal scores keep the class order.
     order = np.argsort(-scores, axis=1, kind="stable")[:, :top]
