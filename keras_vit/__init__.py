@@ -15,6 +15,8 @@ if tuple(int(part) for part in _re.findall(r"\d+", _keras.__version__)[:2]) < MI
     )
 
 from keras_vit import distribute, layers, training
+from keras_vit.class_names import decode_predictions
+from keras_vit.finetuning import freeze_backbone, reset_head
 from keras_vit.models import (
     R26ViTB32,
     R26ViTS32,
@@ -33,6 +35,7 @@ from keras_vit.models import (
     ViTTi16,
     get_model,
 )
+from keras_vit.models.catalog import available_weights, list_models
 from keras_vit.preprocessing import preprocess_input
 from keras_vit.weights import export_npz, load_weights
 

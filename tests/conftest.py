@@ -26,3 +26,23 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _fixed_seed():
     keras.utils.set_random_seed(0)
+
+
+@pytest.fixture
+def local_bucket(tmp_path, monkeypatch):
+    """Serves `tmp_path/bucket` over HTTP on the loopback interface, as the
+    checkpoints' mirror (`KERAS_VIT_WEIGHTS_URL`), with a fresh cache."""
+    import functools
+    import http.server
+    import threading
+
+    root = tmp_path / "bucket"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(tmp_path / "cache"))
+    yield root
+    server.shutdown()

@@ -4,6 +4,7 @@ from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.encoder_block import MlpBlock, TransformerEncoderBlock
 from keras_vit.layers.patch_embedding import PatchEmbedding
 from keras_vit.layers.pooling import SequencePooling
+from keras_vit.layers.preprocess_input import PreprocessInput
 from keras_vit.layers.std_conv import StdConv2D
 from keras_vit.layers.position_embedding import (
     AddPositionEmbedding,
@@ -15,6 +16,7 @@ __all__ = [
     "ClassToken",
     "MlpBlock",
     "PatchEmbedding",
+    "PreprocessInput",
     "SequencePooling",
     "StdConv2D",
     "TransformerEncoderBlock",

@@ -83,6 +83,7 @@ def ViT(
     classifier_activation=None,
     name=None,
     posemb_interpolation="linear",
+    include_preprocessing=False,
     **overrides,
 ):
     """Builds a Vision Transformer (Dosovitskiy et al., ICLR 2021).
@@ -116,6 +117,11 @@ def ViT(
         posemb_interpolation: `"linear"` (the original's) or `"bicubic"`:
             how position embeddings of a checkpoint at another resolution are
             resampled.
+        include_preprocessing: bool. If True, the model takes raw images
+            (uint8 or float pixels in [0, 255]) and applies
+            `keras_vit.preprocess_input` inside the graph (a weightless
+            `PreprocessInput` layer), so that saved and exported models serve
+            raw images.
         **overrides: any field of the variant table (`patch_size`,
             `hidden_size`, `mlp_dim`, `num_heads`, `num_layers`,
             `dropout_rate`, `attention_dropout_rate`, `classifier`,
@@ -126,7 +132,8 @@ def ViT(
             pre-training) and `resnet_width_factor` (hybrids: root width
             `64 * resnet_width_factor`, a multiple of 32).
 
-    Inputs are NHWC floats in [-1, 1]; see `keras_vit.preprocess_input`.
+    Inputs are NHWC floats in [-1, 1] (see `keras_vit.preprocess_input`), or
+    pixels in [0, 255] with `include_preprocessing=True`.
 
     Returns:
         A functional `keras.Model`.
@@ -134,6 +141,11 @@ def ViT(
     config_name, fields = _resolve_fields(variant, overrides)
     if not isinstance(include_top, bool):
         raise ValueError(f"`include_top` must be a bool. Received: include_top={include_top!r}")
+    if not isinstance(include_preprocessing, bool):
+        raise ValueError(
+            "`include_preprocessing` must be a bool. "
+            f"Received: include_preprocessing={include_preprocessing!r}"
+        )
     if pooling not in POOLINGS:
         raise ValueError(f"`pooling` must be one of {POOLINGS}. Received: pooling={pooling!r}")
     if include_top and (not isinstance(num_classes, int) or num_classes <= 0):
@@ -182,6 +194,8 @@ def ViT(
 
     # --- Embedding: patches, [class] token, position embedding ---
     x = inputs
+    if include_preprocessing:
+        x = vit_layers.PreprocessInput(name="preprocess_input")(x)
     if fields["resnet"] is not None:
         x = resnet_lib.resnet_stem(x, fields["resnet"], fields["resnet_width_factor"])
     x = vit_layers.PatchEmbedding(
@@ -271,6 +285,10 @@ model = keras_vit.{function}(num_classes=10, input_shape=(384, 384, 3),
 """
 
 
+# Constructor name -> original config name (for `keras_vit.list_models`).
+CONSTRUCTORS = {}
+
+
 def _make_constructor(config_name, function_name):
     def constructor(
         include_top=True,
@@ -281,6 +299,7 @@ def _make_constructor(config_name, function_name):
         num_classes=1000,
         classifier_activation=None,
         name=None,
+        include_preprocessing=False,
         **kwargs,
     ):
         return ViT(
@@ -293,6 +312,7 @@ def _make_constructor(config_name, function_name):
             num_classes=num_classes,
             classifier_activation=classifier_activation,
             name=name,
+            include_preprocessing=include_preprocessing,
             **kwargs,
         )
 
@@ -307,6 +327,7 @@ def _make_constructor(config_name, function_name):
             f"{resnet_lib.stem_stride(fields['resnet'])}), {size}"
         )
     constructor.__name__ = constructor.__qualname__ = function_name
+    CONSTRUCTORS[function_name] = config_name
     constructor.__doc__ = _CONSTRUCTOR_DOC.format(
         config=config_name, function=function_name, size=size
     )

@@ -8,8 +8,9 @@ import numpy as np
 from keras_vit.weights import registry
 from keras_vit.weights.npz import export_npz, load_npz, read_npz
 from keras_vit.weights.registry import available_weights
+from keras_vit.weights.augreg import AugRegIndex, augreg_index
 
-__all__ = ["available_weights", "export_npz", "load_weights", "read_npz"]
+__all__ = ["AugRegIndex", "augreg_index", "available_weights", "export_npz", "load_weights", "read_npz"]
 
 
 def load_weights(model, weights, variant=None, interpolation="linear", source_grid=None):

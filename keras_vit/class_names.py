@@ -1,0 +1,130 @@
+"""Class names of the released heads, and `decode_predictions`.
+
+ImageNet-2012 (1,000 classes) ships with the package, in the label order of
+tfds `imagenet2012` (sorted WordNet ids), which the original fine-tuned
+checkpoints use; the name is the first WordNet lemma, as in the original's
+demo (vit_jax.ipynb reads `ilsvrc2012_wordnet_lemmas.txt`). ImageNet-21k
+(21,843 classes) names are downloaded from the BiT release, whose order the
+original ImageNet-21k checkpoints share.
+"""
+
+import functools
+import importlib.resources
+import os
+
+import keras
+import numpy as np
+
+IMAGENET2012_CLASSES = 1000
+IMAGENET21K_CLASSES = 21843
+IMAGENET21K_NAMES_URL = "https://storage.googleapis.com/bit_models/imagenet21k_wordnet_lemmas.txt"
+
+
+@functools.cache
+def imagenet2012_classes():
+    """`(wordnet_ids, names)` of the 1,000 ImageNet-2012 classes, in head order."""
+    text = (importlib.resources.files("keras_vit") / "resources" / "imagenet2012_classes.txt").read_text(
+        encoding="utf-8"
+    )
+    ids, names = zip(*(line.split("\t") for line in text.splitlines()))
+    return list(ids), list(names)
+
+
+def _read_names(path):
+    # One class per line; a line may hold several comma-separated lemmas
+    # ("tench, Tinca tinca"), the first one is the name.
+    with open(path, encoding="utf-8") as f:
+        return [line.split(",")[0].strip() for line in f.read().splitlines() if line.strip()]
+
+
+def imagenet21k_class_names(path=None):
+    """The 21,843 ImageNet-21k class names, in the order of the original heads.
+
+    Args:
+        path: a local copy of `imagenet21k_wordnet_lemmas.txt` (one class per
+            line, comma-separated lemmas, the first is the name). None
+            downloads it once from the BiT release into the weights cache.
+
+    Returns:
+        A list of 21,843 names.
+    """
+    if path is None:
+        from keras_vit.weights.fetch import fetch_file
+
+        try:
+            path = fetch_file(IMAGENET21K_NAMES_URL, "imagenet21k_wordnet_lemmas.txt")
+        except Exception as e:
+            raise ValueError(
+                "No ImageNet-21k class names: the download of "
+                f"{IMAGENET21K_NAMES_URL} failed ({type(e).__name__}: {e}). Pass "
+                "`class_names=` a list of names or the path of a text file with "
+                "one class per line. Received: class_names=None"
+            ) from e
+    names = _read_names(path)
+    if len(names) != IMAGENET21K_CLASSES:
+        raise ValueError(
+            f"An ImageNet-21k names file has {IMAGENET21K_CLASSES} lines; "
+            f"{path!r} has {len(names)}. Received: path={path!r}"
+        )
+    return names
+
+
+def _class_names(class_names, num_classes):
+    if class_names is None:
+        if num_classes == IMAGENET2012_CLASSES:
+            return imagenet2012_classes()[1]
+        if num_classes == IMAGENET21K_CLASSES:
+            return imagenet21k_class_names()
+        raise ValueError(
+            f"No class names are known for a head of {num_classes} classes (only "
+            f"ImageNet-2012, {IMAGENET2012_CLASSES}, and ImageNet-21k, "
+            f"{IMAGENET21K_CLASSES}). Pass `class_names=`. Received: "
+            f"predictions with {num_classes} classes"
+        )
+    if isinstance(class_names, (str, os.PathLike)):
+        names = _read_names(class_names)
+    else:
+        names = [str(name) for name in class_names]
+    if len(names) != num_classes:
+        raise ValueError(
+            f"`class_names` has {len(names)} names for predictions of "
+            f"{num_classes} classes. Received: class_names of length {len(names)}"
+        )
+    return names
+
+
+def decode_predictions(predictions, top=5, class_names=None):
+    """The `top` classes of each prediction, with names.
+
+    Args:
+        predictions: `(batch, classes)` logits or probabilities (numpy or a
+            backend tensor), e.g. the output of an ImageNet-2012 fine-tuned
+            model.
+        top: int. How many classes per example (at most all of them).
+        class_names: None for the ImageNet-2012 (1,000 classes, shipped) or
+            ImageNet-21k (21,843 classes, downloaded once) heads; otherwise a
+            list of names or the path of a text file with one class per line.
+
+    Returns:
+        For each example, a list of `top` tuples `(class_index, name, score)`
+        from the highest score down; the scores are the values given (apply a
+        softmax first for probabilities). Unpacks like
+        `keras.applications.imagenet_utils.decode_predictions`, whose first
+        field is a WordNet id instead.
+    """
+    scores = np.asarray(keras.ops.convert_to_numpy(predictions))
+    if scores.ndim != 2:
+        raise ValueError(
+            "`predictions` must have shape (batch, classes). "
+            f"Received: predictions with shape {scores.shape}"
+        )
+    num_classes = scores.shape[1]
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise ValueError(f"`top` must be a positive int. Received: top={top!r}")
+    names = _class_names(class_names, num_classes)
+    # Stable: equal scores keep the class order.
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+    return [
+        [(int(i), names[i], float(row[i])) for i in indices]
+        for row, indices in zip(scores, order)
+    ]

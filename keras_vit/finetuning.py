@@ -1,0 +1,89 @@
+"""Fine-tuning helpers: a fresh head, a frozen backbone (linear probe)."""
+
+import keras
+
+
+def _head(model):
+    try:
+        return model.get_layer("head")
+    except ValueError:
+        return None
+
+
+def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=0.0):
+    """Replaces the classification head with a zero-initialised one.
+
+    Paper Sec. 3.2: "we remove the pre-trained prediction head and attach a
+    zero-initialized D x K feedforward layer". As in the original's
+    fine-tuning (vit_jax `checkpoint.load_pretrained`), the `pre_logits`
+    layer of a pre-training head is dropped unless `keep_pre_logits=True`.
+
+    Args:
+        model: a keras_vit model with a head (`include_top=True`) or with a
+            pooled output (`include_top=False, pooling="token"` or `"gap"`).
+        num_classes: int. Classes of the new head.
+        keep_pre_logits: bool. Keep the `pre_logits` (Dense + tanh) layer of
+            an ImageNet-21k checkpoint between the pooled token and the head.
+        activation: None (logits) or an activation for the head.
+        bias: the head's initial bias (e.g. -10 for sigmoid losses).
+
+    Returns:
+        A new functional model that shares every other layer (and its
+        weights) with `model`; its head is zero kernel, constant bias.
+    """
+    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes <= 0:
+        raise ValueError(f"`num_classes` must be a positive int. Received: num_classes={num_classes!r}")
+    if not isinstance(keep_pre_logits, bool):
+        raise ValueError(
+            f"`keep_pre_logits` must be a bool. Received: keep_pre_logits={keep_pre_logits!r}"
+        )
+    if not isinstance(model, keras.Model) or not hasattr(model, "inputs"):
+        raise ValueError(
+            f"`model` must be a functional keras_vit model. Received: model={model!r}"
+        )
+    head = _head(model)
+    features = model.outputs[0] if head is None else head.input
+    if head is None and len(features.shape) != 2:
+        raise ValueError(
+            "`model` needs a classification head or a pooled output (build it "
+            "with include_top=True, or include_top=False and pooling='token' "
+            f"or 'gap'). Received: model {model.name!r} with output shape "
+            f"{tuple(model.outputs[0].shape)}"
+        )
+    names = [layer.name for layer in model.layers]
+    if "pre_logits" in names and not keep_pre_logits:
+        features = model.get_layer("pre_logits").input
+    outputs = keras.layers.Dense(
+        num_classes,
+        activation=activation,
+        kernel_initializer="zeros",
+        bias_initializer=keras.initializers.Constant(bias),
+        # Logits stay float32 under mixed precision, as in `ViT`.
+        dtype="float32",
+        name="head",
+    )(features)
+    return keras.Model(model.inputs, outputs, name=model.name)
+
+
+def freeze_backbone(model):
+    """Freezes every layer but the head: a linear probe.
+
+    Sets `trainable=False` on all layers except the one named `head`
+    (compile the model afterwards; Keras reads `trainable` at compile time).
+
+    Args:
+        model: a keras_vit model with a head (e.g. from `reset_head`).
+
+    Returns:
+        `model`, for chaining.
+    """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a Keras model. Received: model={model!r}")
+    if _head(model) is None:
+        raise ValueError(
+            "`model` has no layer named 'head' to keep trainable (build it with "
+            f"include_top=True or call `reset_head` first). Received: model={model.name!r}"
+        )
+    for layer in model.layers:
+        layer.trainable = layer.name == "head"
+    return model

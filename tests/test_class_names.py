@@ -1,0 +1,104 @@
+"""Class names: the shipped ImageNet-2012 list, ImageNet-21k names from a
+file or a loopback download, `decode_predictions`."""
+
+import importlib.resources
+import pathlib
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import class_names
+
+
+def test_imagenet2012_names_of_known_indices():
+    ids, names = class_names.imagenet2012_classes()
+    assert len(ids) == len(names) == 1000
+    assert names[0] == "tench" and names[1] == "goldfish"
+    assert names[207] == "golden retriever" and names[999] == "toilet tissue"
+    assert (names[134], names[517]) == ("crane", "crane")  # the bird and the machine
+    assert ids[0] == "n01440764" and ids[999] == "n15075141"
+    # The order of the original heads: tfds imagenet2012 labels, sorted ids.
+    assert ids == sorted(ids) and len(set(ids)) == 1000
+
+
+def test_imagenet2012_order_is_tfds_and_names_are_first_wordnet_lemmas():
+    tfds_root = pytest.importorskip("tensorflow_datasets")
+    labels = pathlib.Path(tfds_root.__file__).parent / "datasets" / "imagenet2012" / "labels.txt"
+    ids, names = class_names.imagenet2012_classes()
+    assert ids == labels.read_text().split()
+    timm = pytest.importorskip("timm")
+    lemmas = pathlib.Path(timm.__file__).parent / "data" / "_info" / "imagenet_synset_to_lemma.txt"
+    first = dict(line.split("\t") for line in lemmas.read_text().splitlines())
+    assert names == [first[i].split(",")[0].strip() for i in ids]
+
+
+def test_names_file_is_package_data():
+    assert (importlib.resources.files("keras_vit") / "resources" / "imagenet2012_classes.txt").is_file()
+    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"resources/*.txt"' in pyproject
+
+
+def test_decode_predictions_top_k_order_and_ties():
+    logits = np.zeros((2, 1000), "float32")
+    logits[0, [207, 1, 999]] = [3.0, 2.0, 1.0]
+    logits[1, 0] = -1.0  # the rest tie at 0 and keep the class order
+    decoded = keras_vit.decode_predictions(keras.ops.convert_to_tensor(logits), top=3)
+    assert decoded[0] == [(207, "golden retriever", 3.0), (1, "goldfish", 2.0), (999, "toilet tissue", 1.0)]
+    assert decoded[1] == [(1, "goldfish", 0.0), (2, "great white shark", 0.0), (3, "tiger shark", 0.0)]
+    probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
+    assert [c for c, _, _ in keras_vit.decode_predictions(probs)[0]] == [207, 1, 999, 0, 2]
+    assert keras_vit.decode_predictions(probs)[0][0][2] == pytest.approx(float(probs[0, 207]))
+
+
+def test_decode_predictions_with_own_names(tmp_path):
+    preds = np.array([[0.1, 0.7, 0.2]])
+    assert keras_vit.decode_predictions(preds, top=2, class_names=["cat", "dog", "fish"]) == [
+        [(1, "dog", 0.7), (2, "fish", 0.2)]
+    ]
+    path = tmp_path / "names.txt"
+    path.write_text("cat, Felis catus\ndog\nfish, a fish\n")
+    assert keras_vit.decode_predictions(preds, top=1, class_names=str(path)) == [[(1, "dog", 0.7)]]
+    # The default top=5 returns every class of a smaller head.
+    assert [c for c, _, _ in keras_vit.decode_predictions(preds, class_names=path)[0]] == [1, 2, 0]
+
+
+def test_decode_predictions_errors_name_the_value():
+    with pytest.raises(ValueError, match=r"No class names are known for a head of 10 classes"):
+        keras_vit.decode_predictions(np.zeros((1, 10)))
+    with pytest.raises(ValueError, match=r"`class_names` has 2 names for predictions of 3 classes"):
+        keras_vit.decode_predictions(np.zeros((1, 3)), class_names=["a", "b"])
+    with pytest.raises(ValueError, match=r"Received: predictions with shape \(1000,\)"):
+        keras_vit.decode_predictions(np.zeros(1000))
+    with pytest.raises(ValueError, match=r"Received: top=0"):
+        keras_vit.decode_predictions(np.zeros((1, 1000)), top=0)
+
+
+def _lemma_file(path, count=class_names.IMAGENET21K_CLASSES):
+    path.write_text("".join(f"class{i}, lemma{i}\n" for i in range(count)))
+    return path
+
+
+def test_imagenet21k_names_downloaded_once(local_bucket, monkeypatch):
+    _lemma_file(local_bucket / "lemmas.txt")
+    url = f"{keras_vit.weights.registry.base_url()}/lemmas.txt"
+    monkeypatch.setattr(class_names, "IMAGENET21K_NAMES_URL", url)
+    logits = np.zeros((1, class_names.IMAGENET21K_CLASSES), "float32")
+    logits[0, 21842] = 5.0
+    assert keras_vit.decode_predictions(logits, top=1) == [[(21842, "class21842", 5.0)]]
+    (local_bucket / "lemmas.txt").unlink()  # cached
+    assert class_names.imagenet21k_class_names()[:2] == ["class0", "class1"]
+
+
+def test_imagenet21k_names_missing_is_a_clear_error(local_bucket, monkeypatch, tmp_path):
+    url = f"{keras_vit.weights.registry.base_url()}/missing.txt"
+    monkeypatch.setattr(class_names, "IMAGENET21K_NAMES_URL", url)
+    logits = np.zeros((1, class_names.IMAGENET21K_CLASSES), "float32")
+    with pytest.raises(ValueError, match="No ImageNet-21k class names: the download of .*missing.txt failed"):
+        keras_vit.decode_predictions(logits)
+    # A local file works without any download; a wrong one is refused.
+    assert keras_vit.decode_predictions(logits, top=1, class_names=_lemma_file(tmp_path / "l.txt"))[0][0][1] == "class0"
+    short = _lemma_file(tmp_path / "short.txt", 5)
+    with pytest.raises(ValueError, match="has 5"):
+        class_names.imagenet21k_class_names(short)

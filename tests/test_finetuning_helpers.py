@@ -1,0 +1,70 @@
+"""`reset_head` and `freeze_backbone`: head values, shared weights, frozen
+counts, and a training step that moves only the head."""
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from tests.helpers import randomize_weights
+
+TINY = dict(input_shape=(16, 16, 3), hidden_size=8, mlp_dim=16, num_heads=2, num_layers=1, patch_size=8)
+
+
+def tiny(**kwargs):
+    return randomize_weights(keras_vit.ViT(None, **{**TINY, **kwargs}))
+
+
+def images(n=4, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, 16, 16, 3)).astype("float32")
+
+
+def test_reset_head_is_zero_and_drops_pre_logits():
+    model = tiny(num_classes=21, representation_size=8)
+    new = keras_vit.reset_head(model, 5, bias=-2.0)
+    head = new.get_layer("head")
+    np.testing.assert_array_equal(head.kernel.numpy(), np.zeros((8, 5)))
+    np.testing.assert_array_equal(head.bias.numpy(), np.full(5, -2.0))
+    np.testing.assert_array_equal(new.predict(images(), verbose=0), np.full((4, 5), -2.0))
+    # The paper's fine-tuning head: pooled token -> zero D x K layer.
+    assert "pre_logits" not in [layer.name for layer in new.layers]
+    assert head.input is model.get_layer("pool").output
+    # Every other layer (and its weights) is shared with the source model.
+    assert new.get_layer("encoderblock_0") is model.get_layer("encoderblock_0")
+    assert len(new.weights) == len(model.weights) - 2  # pre_logits gone, a new head for the old
+
+
+def test_reset_head_keeps_pre_logits_when_asked():
+    model = tiny(num_classes=21, representation_size=6)
+    new = keras_vit.reset_head(model, 3, keep_pre_logits=True, activation="softmax")
+    assert new.get_layer("pre_logits") is model.get_layer("pre_logits")
+    assert tuple(new.get_layer("head").kernel.shape) == (6, 3)
+    np.testing.assert_allclose(new.predict(images(), verbose=0), np.full((4, 3), 1 / 3), rtol=1e-6)
+
+
+def test_reset_head_on_a_pooled_backbone_and_errors():
+    backbone = tiny(include_top=False, pooling="gap", classifier="gap")
+    new = keras_vit.reset_head(backbone, 7)
+    assert new.output.shape == (None, 7) and new.get_layer("head").input is backbone.output
+    with pytest.raises(ValueError, match=r"Received: model 'vit' with output shape \(None, 5, 8\)"):
+        keras_vit.reset_head(tiny(include_top=False), 7)
+    with pytest.raises(ValueError, match="Received: num_classes=0"):
+        keras_vit.reset_head(tiny(), 0)
+    with pytest.raises(ValueError, match="Received: keep_pre_logits='yes'"):
+        keras_vit.reset_head(tiny(), 2, keep_pre_logits="yes")
+
+
+def test_freeze_backbone_counts_and_training_moves_only_the_head():
+    model = keras_vit.freeze_backbone(keras_vit.reset_head(tiny(representation_size=8), 3))
+    assert [w.path for w in model.trainable_weights] == ["head/kernel", "head/bias"]
+    assert len(model.non_trainable_weights) == len(model.weights) - 2
+    frozen = sum(int(np.prod(w.shape)) for w in model.non_trainable_weights)
+    assert frozen == model.count_params() - (8 * 3 + 3)
+    before = [w.numpy().copy() for w in model.weights]
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(images(), np.array([0, 1, 2, 0]), epochs=1, batch_size=4, verbose=0)
+    for weight, old in zip(model.weights, before):
+        changed = not np.array_equal(weight.numpy(), old)
+        assert changed == weight.path.startswith("head/"), weight.path
+    with pytest.raises(ValueError, match="no layer named 'head'"):
+        keras_vit.freeze_backbone(tiny(include_top=False, pooling="token"))
