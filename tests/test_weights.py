@@ -1,11 +1,16 @@
 """Weights: the original .npz format, resampling, head rules, bad files,
 registered names and downloads (from a local HTTP server)."""
 
-import functools
+import hashlib
 import http.server
 import logging
+import os
 import pathlib
+import subprocess
+import sys
 import threading
+import time
+import urllib.parse
 
 import keras
 import numpy as np
@@ -14,8 +19,8 @@ import scipy.ndimage
 
 import keras_vit
 from keras_vit.layers.position_embedding import resample_grid, resample_position_embedding
-from keras_vit.weights import registry
-from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables
+from keras_vit.weights import cache, registry
+from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables, prepare_npz
 from tests.helpers import randomize_weights
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -169,7 +174,7 @@ def test_truncated_and_corrupt_files(tmp_path):
 
 def test_pickled_arrays_are_never_loaded(tmp_path):
     np.savez(tmp_path / "pickle.npz", cls=np.array([{"evil": 1}], dtype=object))
-    with pytest.raises(ValueError, match="truncated, corrupt"):
+    with pytest.raises(ValueError, match="'cls' holds Python objects"):
         tiny(weights=str(tmp_path / "pickle.npz"))
 
 
@@ -312,38 +317,228 @@ def test_registry_refuses_mismatches_before_download():
         tiny(weights="augreg")
 
 
+class Bucket:
+    """Files served over HTTP on the loopback interface, with a server's
+    faults: a connection closed early without `Content-Length`, an HTML error
+    page with status 200, a slow transfer. Records every request."""
+
+    def __init__(self):
+        self.files, self.faults, self.requests = {}, {}, []
+        self.chunk_delay = 0.0
+
+    def handler(self):
+        bucket = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                path = urllib.parse.unquote(self.path.lstrip("/"))
+                bucket.requests.append(path)
+                data, fault = bucket.files.get(path), bucket.faults.get(path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                if fault == "html":
+                    data = b"<!DOCTYPE html><html><body>Quota exceeded</body></html>"
+                self.send_response(200)
+                if fault == "truncated":  # No length, closed half-way (HTTP/1.0).
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    return
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for i in range(0, len(data), 4096):
+                    self.wfile.write(data[i : i + 4096])
+                    time.sleep(bucket.chunk_delay)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+
 @pytest.fixture
-def local_bucket(tmp_path, monkeypatch):
-    """Serves `tmp_path/bucket` over HTTP on the loopback interface."""
-    root = tmp_path / "bucket"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def bucket(tmp_path, monkeypatch):
+    """A `Bucket` served as KERAS_VIT_WEIGHTS_URL, cache in tmp_path/cache."""
+    served = Bucket()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), served.handler())
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}")
+    served.url = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", served.url)
     monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(tmp_path / "cache"))
-    yield root
+    yield served
     server.shutdown()
 
 
-def test_registered_name_is_downloaded_cached_and_loaded(local_bucket):
-    source = randomize_weights(keras_vit.ViTTi16(num_layers=1))
+def npz_bytes(tmp_path, model, name="served.npz"):
+    return pathlib.Path(export(tmp_path, model, name)).read_bytes()
+
+
+def test_registered_name_is_downloaded_verified_cached_and_loaded(bucket, tmp_path):
+    source = randomize_weights(keras_vit.ViTTi16(input_shape=(32, 32, 3)))
     upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
-    (local_bucket / "augreg").mkdir()
-    keras_vit.export_npz(source, local_bucket / "augreg" / f"{upstream}.npz")
-    model = keras_vit.ViTTi16(num_layers=1, weights="augreg")
+    bucket.files[f"augreg/{upstream}.npz"] = data = npz_bytes(tmp_path, source)
+    model = keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
     for a, b in zip(weights_of(source), weights_of(model)):
         np.testing.assert_array_equal(a, b)
-    # Cached: a second load works with the server's file gone.
-    (local_bucket / "augreg" / f"{upstream}.npz").unlink()
-    keras_vit.ViTTi16(num_layers=1, weights="augreg")
+    cached = tmp_path / "cache" / "models" / "keras_vit" / f"augreg__{upstream}.npz"
+    assert cached.read_bytes() == data
+    record = pathlib.Path(f"{cached}.sha256").read_text().split()
+    assert record == [hashlib.sha256(data).hexdigest(), cached.name]
+    # Cached: a second load needs no server.
+    bucket.files.clear()
+    keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
+    assert bucket.requests == [f"augreg/{upstream}.npz"]
 
 
-def test_failed_download_is_a_clear_error(local_bucket):
+def test_failed_download_is_a_clear_error(bucket):
     with pytest.raises(Exception, match="URL fetch failure|404"):
-        keras_vit.ViTTi16(num_layers=1, weights="augreg")
+        keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
+
+
+def test_architecture_overrides_are_refused_before_download(bucket):
+    with pytest.raises(ValueError, match=r"num_layers 2 \(the checkpoint's: 12\)"):
+        keras_vit.ViTB16(input_shape=(32, 32, 3), num_layers=2, weights="sam")
+    with pytest.raises(ValueError, match="class token False"):
+        keras_vit.ViTTi16(input_shape=(32, 32, 3), classifier="gap", weights="augreg")
+    model = keras_vit.ViTTi16(input_shape=(32, 32, 3), mlp_dim=64)
+    with pytest.raises(ValueError, match=r"mlp_dim 64 .*\(nothing was downloaded\)"):
+        keras_vit.load_weights(model, "augreg", variant="ViT-Ti_16")
+    assert bucket.requests == []
+
+
+# The cache itself, through `cache.fetch` with the loader as validator.
+BUCKET_PATH = "augreg/tiny.npz"
+
+
+def cached_path(tmp_path):
+    return tmp_path / "cache" / "models" / "keras_vit" / "augreg__tiny.npz"
+
+
+def fetch_into(model):
+    return cache.fetch(BUCKET_PATH, validate=lambda path: prepare_npz(model, path))
+
+
+@pytest.mark.parametrize("fault, match", [
+    ("truncated", "truncated, corrupt"),
+    ("html", "text .*error page"),
+])
+def test_broken_download_is_never_cached(bucket, tmp_path, fault, match):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    bucket.faults[BUCKET_PATH] = fault
+    with pytest.raises(ValueError, match=f"downloaded from {bucket.url}.* is invalid.*{match}"):
+        fetch_into(model)
+    assert sorted(p.name for p in cached_path(tmp_path).parent.iterdir()) == ["augreg__tiny.npz.lock"]
+    del bucket.faults[BUCKET_PATH]
+    assert fetch_into(model) == str(cached_path(tmp_path))
+    assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+
+
+@pytest.mark.parametrize("cached", ["partial", "html", "other model"])
+def test_invalid_cached_file_is_reported_deleted_and_downloaded_once(
+    bucket, tmp_path, caplog, cached
+):
+    good = npz_bytes(tmp_path, randomize_weights(tiny()))
+    bad = {
+        "partial": good[: len(good) // 3],
+        "html": b"<html><body>404</body></html>",
+        "other model": npz_bytes(tmp_path, tiny(hidden_size=24), "other.npz"),
+    }[cached]
+    cached_path(tmp_path).parent.mkdir(parents=True)
+    cached_path(tmp_path).write_bytes(bad)
+    bucket.files[BUCKET_PATH] = good
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        fetch_into(tiny())
+    assert "is invalid" in caplog.text and "downloading it again" in caplog.text
+    assert cached_path(tmp_path).read_bytes() == good
+    # A server that serves the bad file too: one more download, then an error.
+    cached_path(tmp_path).write_bytes(bad)
+    pathlib.Path(f"{cached_path(tmp_path)}.sha256").unlink()
+    bucket.files[BUCKET_PATH] = bad
+    with pytest.raises(ValueError, match="(?s)downloaded from .* is invalid.* Nothing was cached"):
+        fetch_into(tiny())
+    assert len(bucket.requests) == 2 and not cached_path(tmp_path).exists()
+
+
+def test_cached_file_changed_after_first_download_is_detected(bucket, tmp_path, caplog):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny(), seed=1))
+    fetch_into(model)
+    # Another checkpoint of the same architecture: it would load fine.
+    cached_path(tmp_path).write_bytes(npz_bytes(tmp_path, randomize_weights(tiny(), seed=2), "x.npz"))
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        fetch_into(model)
+    assert "changed since its first verified download" in caplog.text
+    assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+    assert len(bucket.requests) == 2
+
+
+def test_unusable_cache_directory_is_an_error_not_a_fallback(bucket, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(blocker))
+    bucket.files[BUCKET_PATH] = b"anything"
+    with pytest.raises(PermissionError, match=f"{blocker}/models/keras_vit.*KERAS_VIT_CACHE_DIR"):
+        fetch_into(tiny())
+    assert bucket.requests == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX owners and modes")
+def test_cache_refuses_files_others_own_or_can_write(bucket, tmp_path):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    path = cached_path(tmp_path)
+    fetch_into(model)
+    path.chmod(0o666)
+    with pytest.raises(PermissionError, match="writable by every user"):
+        fetch_into(model)
+    path.chmod(0o644)
+    path.parent.chmod(0o777)
+    with pytest.raises(PermissionError, match="cache directory .* writable by every user"):
+        fetch_into(model)
+    path.parent.chmod(0o755)
+    if os.getuid() == 0:
+        os.chown(path, 4242, -1)
+        with pytest.raises(PermissionError, match=r"owned by another user \(uid 4242\)"):
+            fetch_into(model)
+    assert path.exists() and len(bucket.requests) == 1  # Refused, not deleted.
+
+
+FETCH_IN_A_PROCESS = """
+import pathlib, sys, time
+ready, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+import logging
+logging.basicConfig(level=logging.INFO)
+from keras_vit.weights import cache, read_npz
+ready.touch()
+while not other.exists():  # Both processes call fetch at the same time.
+    time.sleep(0.01)
+path = cache.fetch("augreg/tiny.npz", validate=read_npz)
+print("ARRAYS", len(read_npz(path)))
+"""
+
+
+def test_two_processes_share_one_download(bucket, tmp_path):
+    source = randomize_weights(tiny())
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
+    bucket.chunk_delay = 0.1  # A slow server: the first download takes seconds.
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    flags = [tmp_path / "ready0", tmp_path / "ready1"]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FETCH_IN_A_PROCESS, str(flags[i]), str(flags[1 - i])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    expected = f"ARRAYS {len(checkpoint_variables(source))}"
+    assert all(expected in out for out in outputs), outputs
+    assert sum("Waiting for another process" in out for out in outputs) == 1, outputs
+    assert bucket.requests == [BUCKET_PATH]
+    assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
 
 
 # --- Same numbers on every backend -------------------------------------------
