@@ -3,14 +3,17 @@ registered names and downloads (from a local HTTP server)."""
 
 import hashlib
 import http.server
+import io
 import logging
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+import zipfile
 
 import keras
 import numpy as np
@@ -19,7 +22,7 @@ import scipy.ndimage
 
 import keras_vit
 from keras_vit.layers.position_embedding import resample_grid, resample_position_embedding
-from keras_vit.weights import cache, registry
+from keras_vit.weights import cache, read_npz, registry
 from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables, prepare_npz
 from tests.helpers import randomize_weights
 
@@ -194,6 +197,132 @@ def test_h5_of_another_variant_leaves_the_model_unchanged(tmp_path):
         keras_vit.load_weights(model, str(tmp_path / "other.weights.h5"))
     for a, b in zip(before, weights_of(model)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [
+    np.full((16, 1000), "x"), np.ones((16, 1000), "int32"), np.ones((16, 1000), bool),
+    np.ones((16, 1000), "complex64"), np.zeros((16, 1000), "datetime64[s]"),
+])
+def test_non_float_arrays_are_refused_before_any_assignment(tmp_path, bad):
+    arrays = dict(np.load(export(tmp_path, randomize_weights(tiny()))))
+    arrays["head/kernel"] = bad  # Sorted last: the others would load first.
+    np.savez(tmp_path / "bad.npz", **arrays)
+    model = tiny()
+    before = weights_of(model)
+    with pytest.raises(ValueError, match=re.escape(f"head/kernel has dtype {bad.dtype}; a floating")):
+        keras_vit.load_weights(model, str(tmp_path / "bad.npz"))
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_float16_and_float64_arrays_load(tmp_path):
+    source = randomize_weights(tiny())
+    arrays = dict(np.load(export(tmp_path, source)))
+    arrays = {k: v.astype("float64" if i % 2 else "float16") for i, (k, v) in enumerate(arrays.items())}
+    np.savez(tmp_path / "mixed.npz", **arrays)
+    model = tiny(weights=str(tmp_path / "mixed.npz"))
+    for a, b in zip(weights_of(source), weights_of(model)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
+    arrays = dict(np.load(export(tmp_path, randomize_weights(tiny()))))
+    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][3, 4] = value
+    np.savez(tmp_path / "nan.npz", **arrays)
+    model = tiny()
+    before = weights_of(model)
+    with pytest.raises(ValueError, match="Dense_0/kernel holds 1 NaN or infinite value"):
+        keras_vit.load_weights(model, str(tmp_path / "nan.npz"))
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+    keras_vit.load_weights(model, str(tmp_path / "nan.npz"), allow_nonfinite=True)
+    kernel = model.get_layer("encoderblock_1").mlp.dense_0.kernel.numpy()
+    np.testing.assert_array_equal(kernel[3, 4], value)
+
+
+def test_weights_h5_of_a_deeper_model_is_refused_listing_the_extra_weights(tmp_path):
+    deeper = randomize_weights(tiny(num_layers=2))
+    deeper.save_weights(tmp_path / "deep.weights.h5")
+    model = tiny(num_layers=1)
+    before = weights_of(model)
+    with pytest.raises(ValueError) as error:
+        keras_vit.load_weights(model, str(tmp_path / "deep.weights.h5"))
+    message = str(error.value)
+    assert "model is unchanged" in message and "16 problem(s)" in message
+    assert "not in the model: layers/transformer_encoder_block_1/mlp/dense_0/vars/0 (16, 32)" in message
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_weights_h5_non_finite_values_are_refused(tmp_path):
+    source = tiny()
+    source.get_layer("encoder_norm").gamma.assign(np.full(16, np.nan, "float32"))
+    source.save_weights(tmp_path / "nan.weights.h5")
+    with pytest.raises(ValueError, match="vars/0 holds NaN or infinite values"):
+        keras_vit.load_weights(tiny(), str(tmp_path / "nan.weights.h5"))
+
+
+def test_npy_renamed_to_npz_is_named(tmp_path):
+    np.save(tmp_path / "array.npy", np.zeros(3, "float32"))
+    os.replace(tmp_path / "array.npy", tmp_path / "array.npz")
+    with pytest.raises(ValueError, match=r"array.npz'.*single `\.npy` array"):
+        tiny(weights=str(tmp_path / "array.npz"))
+
+
+def npz_member(name, header_shape, data, dtype="<f4"):
+    """A raw `.npy` member whose header claims `header_shape`, holding `data`."""
+    stream = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        stream, {"descr": dtype, "fortran_order": False, "shape": header_shape}
+    )
+    return f"{name}.npy", stream.getvalue() + data
+
+
+def test_member_claiming_a_huge_shape_is_refused_before_reading(tmp_path):
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(*npz_member("cls", (10**12,), b"\0" * 64))  # 4 TB claimed.
+    with pytest.raises(ValueError, match=r"'cls' declares shape \(1000000000000,\)"):
+        read_npz(str(path))
+    with pytest.raises(ValueError, match="huge.npz"):
+        tiny(weights=str(path))
+
+
+def test_unused_keys_are_never_decompressed(tmp_path):
+    path = export(tmp_path, randomize_weights(tiny()))
+    # A member that decompresses to 64 MiB from 64 KB, its stream corrupted
+    # after the header: reading it would fail (and cost the memory).
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(*npz_member("bomb", (2**24,), bytes(2**26)))
+    data = bytearray(pathlib.Path(path).read_bytes())
+    start = data.index(b"bomb.npy") + len("bomb.npy") + 20_000
+    data[start : start + 1000] = os.urandom(1000)
+    pathlib.Path(path).write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"not in the model: bomb \(16777216,\)"):
+        tiny(weights=path)
+
+
+@pytest.mark.parametrize("grid", [np.array(4), np.array("4x6"), np.array([4.0, 6.0]), np.array([4, 0])])
+def test_invalid_posemb_grid_metadata_is_named(tmp_path, grid):
+    arrays = dict(np.load(export(tmp_path, tiny(shape=(32, 48)))))
+    arrays[GRID_KEY] = grid
+    np.savez(tmp_path / "grid.npz", **arrays)
+    with pytest.raises(ValueError, match="invalid `keras_vit/posemb_grid` metadata"):
+        tiny(shape=(48, 48), weights=str(tmp_path / "grid.npz"))
+
+
+def test_unreadable_file_is_a_permission_error(tmp_path, monkeypatch):
+    path = export(tmp_path, tiny())
+    os.chmod(path, 0)
+    if os.access(path, os.R_OK):  # root reads anything: make the open fail.
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", path)
+
+        monkeypatch.setattr(zipfile, "ZipFile", refuse)
+    with pytest.raises(PermissionError, match="cannot be read: permission denied") as error:
+        tiny(weights=path)
+    assert "corrupt" not in str(error.value)
 
 
 # --- Head, pre_logits and resolution rules -----------------------------------
