@@ -8,12 +8,19 @@ import logging
 import os
 import pathlib
 import re
+import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
 import zipfile
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 import keras
 import numpy as np
@@ -323,6 +330,58 @@ def test_unreadable_file_is_a_permission_error(tmp_path, monkeypatch):
     with pytest.raises(PermissionError, match="cannot be read: permission denied") as error:
         tiny(weights=path)
     assert "corrupt" not in str(error.value)
+
+
+KILLED_EXPORT = """
+import os, signal, sys
+import numpy as np
+import keras_vit
+
+def savez_then_die(file, **arrays):
+    file.write(b"partial" * 1000)
+    file.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+np.savez = savez_then_die
+model = keras_vit.ViT(None, input_shape=(32, 32, 3), hidden_size=16, mlp_dim=32,
+                      num_heads=2, num_layers=2, patch_size=8)
+keras_vit.export_npz(model, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGKILL and file locks")
+def test_export_cleans_temporaries_of_a_killed_export(tmp_path):
+    path = tmp_path / "model.npz"
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(path)], env=env)
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert len(leftovers) == 1 and not path.exists()  # The killed export's temporary.
+    # A temporary that a live export holds locked is left alone.
+    busy = tmp_path / ".model.npz.tmp-busy.npz"
+    busy.write_bytes(b"writing")
+    with open(busy, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        export(tmp_path, randomize_weights(tiny()), "model.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [busy.name, "model.npz"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes and symbolic links")
+def test_export_keeps_the_mode_and_writes_through_a_symbolic_link(tmp_path):
+    target = tmp_path / "store" / "model.npz"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    link = tmp_path / "latest.npz"
+    link.symlink_to(target)
+    model = randomize_weights(tiny())
+    assert keras_vit.export_npz(model, link) == str(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    restored = tiny(weights=str(link))
+    for a, b in zip(weights_of(model), weights_of(restored)):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.npz"]
 
 
 # --- Head, pre_logits and resolution rules -----------------------------------
