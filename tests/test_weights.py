@@ -566,10 +566,13 @@ def test_registered_name_is_downloaded_verified_cached_and_loaded(bucket, tmp_pa
     source = randomize_weights(keras_vit.ViTTi16(input_shape=(32, 32, 3)))
     upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
     bucket.files[f"augreg/{upstream}.npz"] = data = npz_bytes(tmp_path, source)
+    # The partial file of a killed download is in the cache: replaced.
+    cached = tmp_path / "cache" / "models" / "keras_vit" / f"augreg__{upstream}.npz"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(data[:1000])
     model = keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
     for a, b in zip(weights_of(source), weights_of(model)):
         np.testing.assert_array_equal(a, b)
-    cached = tmp_path / "cache" / "models" / "keras_vit" / f"augreg__{upstream}.npz"
     assert cached.read_bytes() == data
     record = pathlib.Path(f"{cached}.sha256").read_text().split()
     assert record == [hashlib.sha256(data).hexdigest(), cached.name]
