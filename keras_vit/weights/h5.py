@@ -11,6 +11,7 @@ import os
 import tempfile
 
 import h5py
+import ml_dtypes
 import numpy as np
 
 
@@ -21,6 +22,17 @@ def _datasets(path):
         lambda name, item: found.__setitem__(name, item) if isinstance(item, h5py.Dataset) else None
     )
     return found
+
+
+def _is_bfloat16(dataset):
+    # Keras stores bfloat16 variables with a `dtype` attribute (saving_lib).
+    return dataset.attrs.get("dtype") == "bfloat16"
+
+
+def _values(dataset):
+    if _is_bfloat16(dataset):
+        return np.array(dataset, dtype=ml_dtypes.bfloat16).astype(np.float32)
+    return dataset[()]
 
 
 def _expected_layout(model):
@@ -53,9 +65,9 @@ def load_keras_weights(model, path, allow_nonfinite=False):
                         f"shape mismatch: {name} is {dataset.shape} in the file, "
                         f"{expected[name]} in the model"
                     )
-                elif dataset.dtype.kind != "f":
+                elif dataset.dtype.kind != "f" and not _is_bfloat16(dataset):
                     problems.append(f"{name} has dtype {dataset.dtype}; floats are needed")
-                elif not allow_nonfinite and not np.isfinite(dataset[()]).all():
+                elif not allow_nonfinite and not np.isfinite(_values(dataset)).all():
                     problems.append(
                         f"{name} holds NaN or infinite values "
                         "(pass allow_nonfinite=True to load them anyway)"

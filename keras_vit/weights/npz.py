@@ -306,16 +306,17 @@ def _dtype_problem(key, dtype, variable_dtype):
     return None
 
 
-def _source_grid(path, grid, source_grid):
-    """The checkpoint's patch grid: `source_grid`, else the file's metadata."""
-    if source_grid is not None or grid is None:
-        return source_grid
-    if grid.dtype.kind not in "iu" or grid.shape != (2,) or (grid <= 0).any():
+def _source_grid(path, archive, member):
+    """The checkpoint's patch grid from the file's metadata."""
+    grid = None
+    if member.dtype.kind in "iu" and member.shape == (2,):
+        grid = _read_member(archive, path, GRID_KEY, member)
+    if grid is None or (grid <= 0).any():
+        held = f"{member.dtype} of shape {member.shape}" if grid is None else f"{grid.tolist()}"
         raise ValueError(
             f"The weights file {path!r} has invalid `{GRID_KEY}` metadata: 2 positive "
-            f"ints (rows, cols) are needed, the file holds {grid.dtype} of shape "
-            f"{grid.shape}. Pass `source_grid=(rows, cols)` or fix the file. "
-            f"Received: weights={path!r}"
+            f"ints (rows, cols) are needed, the file holds {held}. Pass "
+            f"`source_grid=(rows, cols)` or fix the file. Received: weights={path!r}"
         )
     return tuple(int(v) for v in grid)
 
@@ -384,10 +385,9 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
         if problems:
             raise _load_error(model, path, members, problems)
         grid = members.pop(GRID_KEY, None)
-        if grid is not None:
-            grid = _read_member(archive, path, GRID_KEY, grid)
+        if source_grid is None and grid is not None:
+            source_grid = _source_grid(path, archive, grid)
         arrays = {key: _read_member(archive, path, key, members[key]) for key in reads}
-    source_grid = _source_grid(path, grid, source_grid)
 
     values = {}
     has_cls = "cls" in targets
