@@ -81,7 +81,7 @@ def fetch(bucket_path, validate=None):
         for entry in os.scandir(directory):  # Left by a killed download.
             if entry.name.startswith(f".{name}.partial-"):
                 shutil.rmtree(entry.path, ignore_errors=True)
-        if os.path.lexists(path):
+        if os.path.exists(path):
             try:
                 _check_cached(path, validate)
                 return path
