@@ -381,7 +381,7 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     targets = checkpoint_variables(model)
     with _open_archive(path) as archive:
         members = canonical_keys(_members(archive, path), path)
-        problems, notes, reads = _check_headers(model, targets, members)
+        problems, notes, reads = _check_headers(targets, members)
         if problems:
             raise _load_error(model, path, members, problems)
         grid = members.pop(GRID_KEY, None)
@@ -417,7 +417,7 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     return LoadPlan(path, values, notes)
 
 
-def _check_headers(model, targets, members):
+def _check_headers(targets, members):
     """Problems, notes and the keys to read, from shapes and dtypes alone."""
     problems, notes, reads = [], [], []
     has_head = "head/kernel" in targets
