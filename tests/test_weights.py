@@ -352,7 +352,8 @@ keras_vit.export_npz(model, sys.argv[1])
 @pytest.mark.skipif(os.name != "posix", reason="SIGKILL and file locks")
 def test_export_cleans_temporaries_of_a_killed_export(tmp_path):
     path = tmp_path / "model.npz"
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    # File handling does not depend on the backend: the lightest to import.
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
     killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(path)], env=env)
     assert killed.returncode == -signal.SIGKILL
     leftovers = [p.name for p in tmp_path.iterdir()]
@@ -713,8 +714,9 @@ print("ARRAYS", len(read_npz(path)))
 def test_two_processes_share_one_download(bucket, tmp_path):
     source = randomize_weights(tiny())
     bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
-    bucket.chunk_delay = 0.1  # A slow server: the first download takes seconds.
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1])}
+    bucket.chunk_delay = 0.05  # A slow server: the download takes about a second.
+    # The cache does not depend on the backend: the lightest to import.
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
     flags = [tmp_path / "ready0", tmp_path / "ready1"]
     processes = [
         subprocess.Popen(
