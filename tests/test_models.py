@@ -242,11 +242,25 @@ def test_dropout_and_drop_path_only_in_training():
         (dict(patch_size=(8, 0)), r"patch_size=\(8, 0\)"),
         (dict(classifier="gap", pooling="token", include_top=False), "pooling='token'"),
         (dict(include_top="yes"), "include_top='yes'"),
+        (dict(num_layers=0), "num_layers=0"),
+        (dict(num_layers=-1), "num_layers=-1"),
+        (dict(num_layers=True), "num_layers=True"),
+        (dict(num_classes=True), "num_classes=True"),
+        (dict(pooling="gap"), "applies to include_top=False.*pooling=.gap."),
+        (dict(pooling="token", include_top=True), "pooling='token' with include_top=True"),
+        (dict(posemb_interpolation="nearest"), "posemb_interpolation='nearest'"),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, match):
     with pytest.raises(ValueError, match=match):
         keras_vit.ViT(None, **{**TINY, **kwargs})
+
+
+def test_numpy_integer_sizes_are_accepted():
+    shape = tuple(np.array([32, 48, 3], np.int64))
+    model = keras_vit.ViT(None, **{**TINY, "input_shape": shape}, num_classes=np.int64(5))
+    assert model.input_shape == (None, 32, 48, 3) and model.output.shape == (None, 5)
+    assert all(type(s) is int for s in model.input_shape[1:])
 
 
 def test_unknown_variant_and_keyword():

@@ -1,11 +1,26 @@
 """Weights: the original .npz format, resampling, head rules, bad files,
 registered names and downloads (from a local HTTP server)."""
 
-import functools
+import hashlib
 import http.server
+import io
 import logging
+import os
 import pathlib
+import re
+import signal
+import stat
+import subprocess
+import sys
 import threading
+import time
+import urllib.parse
+import zipfile
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
 
 import keras
 import numpy as np
@@ -14,8 +29,8 @@ import scipy.ndimage
 
 import keras_vit
 from keras_vit.layers.position_embedding import resample_grid, resample_position_embedding
-from keras_vit.weights import registry
-from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables
+from keras_vit.weights import cache, read_npz, registry
+from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables, prepare_npz
 from tests.helpers import randomize_weights
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
@@ -169,7 +184,7 @@ def test_truncated_and_corrupt_files(tmp_path):
 
 def test_pickled_arrays_are_never_loaded(tmp_path):
     np.savez(tmp_path / "pickle.npz", cls=np.array([{"evil": 1}], dtype=object))
-    with pytest.raises(ValueError, match="truncated, corrupt"):
+    with pytest.raises(ValueError, match="'cls' holds Python objects"):
         tiny(weights=str(tmp_path / "pickle.npz"))
 
 
@@ -189,6 +204,185 @@ def test_h5_of_another_variant_leaves_the_model_unchanged(tmp_path):
         keras_vit.load_weights(model, str(tmp_path / "other.weights.h5"))
     for a, b in zip(before, weights_of(model)):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [
+    np.full((16, 1000), "x"), np.ones((16, 1000), "int32"), np.ones((16, 1000), bool),
+    np.ones((16, 1000), "complex64"), np.zeros((16, 1000), "datetime64[s]"),
+])
+def test_non_float_arrays_are_refused_before_any_assignment(tmp_path, bad):
+    arrays = dict(np.load(export(tmp_path, randomize_weights(tiny()))))
+    arrays["head/kernel"] = bad  # Sorted last: the others would load first.
+    np.savez(tmp_path / "bad.npz", **arrays)
+    model = tiny()
+    before = weights_of(model)
+    with pytest.raises(ValueError, match=re.escape(f"head/kernel has dtype {bad.dtype}; a floating")):
+        keras_vit.load_weights(model, str(tmp_path / "bad.npz"))
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_float16_and_float64_arrays_load(tmp_path):
+    source = randomize_weights(tiny())
+    arrays = dict(np.load(export(tmp_path, source)))
+    arrays = {k: v.astype("float64" if i % 2 else "float16") for i, (k, v) in enumerate(arrays.items())}
+    np.savez(tmp_path / "mixed.npz", **arrays)
+    model = tiny(weights=str(tmp_path / "mixed.npz"))
+    for a, b in zip(weights_of(source), weights_of(model)):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
+    arrays = dict(np.load(export(tmp_path, randomize_weights(tiny()))))
+    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][3, 4] = value
+    np.savez(tmp_path / "nan.npz", **arrays)
+    model = tiny()
+    before = weights_of(model)
+    with pytest.raises(ValueError, match="Dense_0/kernel holds 1 NaN or infinite value"):
+        keras_vit.load_weights(model, str(tmp_path / "nan.npz"))
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+    keras_vit.load_weights(model, str(tmp_path / "nan.npz"), allow_nonfinite=True)
+    kernel = model.get_layer("encoderblock_1").mlp.dense_0.kernel.numpy()
+    np.testing.assert_array_equal(kernel[3, 4], value)
+
+
+def test_weights_h5_of_a_deeper_model_is_refused_listing_the_extra_weights(tmp_path):
+    deeper = randomize_weights(tiny(num_layers=2))
+    deeper.save_weights(tmp_path / "deep.weights.h5")
+    model = tiny(num_layers=1)
+    before = weights_of(model)
+    with pytest.raises(ValueError) as error:
+        keras_vit.load_weights(model, str(tmp_path / "deep.weights.h5"))
+    message = str(error.value)
+    assert "model is unchanged" in message and "16 problem(s)" in message
+    assert "not in the model: layers/transformer_encoder_block_1/mlp/dense_0/vars/0 (16, 32)" in message
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_weights_h5_non_finite_values_are_refused(tmp_path):
+    source = tiny()
+    source.get_layer("encoder_norm").gamma.assign(np.full(16, np.nan, "float32"))
+    source.save_weights(tmp_path / "nan.weights.h5")
+    with pytest.raises(ValueError, match="vars/0 holds NaN or infinite values"):
+        keras_vit.load_weights(tiny(), str(tmp_path / "nan.weights.h5"))
+
+
+def test_npy_renamed_to_npz_is_named(tmp_path):
+    np.save(tmp_path / "array.npy", np.zeros(3, "float32"))
+    os.replace(tmp_path / "array.npy", tmp_path / "array.npz")
+    with pytest.raises(ValueError, match=r"array.npz'.*single `\.npy` array"):
+        tiny(weights=str(tmp_path / "array.npz"))
+
+
+def npz_member(name, header_shape, data, dtype="<f4"):
+    """A raw `.npy` member whose header claims `header_shape`, holding `data`."""
+    stream = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        stream, {"descr": dtype, "fortran_order": False, "shape": header_shape}
+    )
+    return f"{name}.npy", stream.getvalue() + data
+
+
+def test_member_claiming_a_huge_shape_is_refused_before_reading(tmp_path):
+    path = tmp_path / "huge.npz"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(*npz_member("cls", (10**12,), b"\0" * 64))  # 4 TB claimed.
+    with pytest.raises(ValueError, match=r"'cls' declares shape \(1000000000000,\)"):
+        read_npz(str(path))
+    with pytest.raises(ValueError, match="huge.npz"):
+        tiny(weights=str(path))
+
+
+def test_unused_keys_are_never_decompressed(tmp_path):
+    path = export(tmp_path, randomize_weights(tiny()))
+    # A member that decompresses to 64 MiB from 64 KB, its stream corrupted
+    # after the header: reading it would fail (and cost the memory).
+    with zipfile.ZipFile(path, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(*npz_member("bomb", (2**24,), bytes(2**26)))
+    data = bytearray(pathlib.Path(path).read_bytes())
+    start = data.index(b"bomb.npy") + len("bomb.npy") + 20_000
+    data[start : start + 1000] = os.urandom(1000)
+    pathlib.Path(path).write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"not in the model: bomb \(16777216,\)"):
+        tiny(weights=path)
+
+
+@pytest.mark.parametrize("grid", [np.array(4), np.array("4x6"), np.array([4.0, 6.0]), np.array([4, 0])])
+def test_invalid_posemb_grid_metadata_is_named(tmp_path, grid):
+    arrays = dict(np.load(export(tmp_path, tiny(shape=(32, 48)))))
+    arrays[GRID_KEY] = grid
+    np.savez(tmp_path / "grid.npz", **arrays)
+    with pytest.raises(ValueError, match="invalid `keras_vit/posemb_grid` metadata"):
+        tiny(shape=(48, 48), weights=str(tmp_path / "grid.npz"))
+
+
+def test_unreadable_file_is_a_permission_error(tmp_path, monkeypatch):
+    path = export(tmp_path, tiny())
+    os.chmod(path, 0)
+    if os.access(path, os.R_OK):  # root reads anything: make the open fail.
+        def refuse(*args, **kwargs):
+            raise PermissionError(13, "Permission denied", path)
+
+        monkeypatch.setattr(zipfile, "ZipFile", refuse)
+    with pytest.raises(PermissionError, match="cannot be read: permission denied") as error:
+        tiny(weights=path)
+    assert "corrupt" not in str(error.value)
+
+
+KILLED_EXPORT = """
+import os, signal, sys
+import numpy as np
+import keras_vit
+
+def savez_then_die(file, **arrays):
+    file.write(b"partial" * 1000)
+    file.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+np.savez = savez_then_die
+model = keras_vit.ViT(None, input_shape=(32, 32, 3), hidden_size=16, mlp_dim=32,
+                      num_heads=2, num_layers=2, patch_size=8)
+keras_vit.export_npz(model, sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGKILL and file locks")
+def test_export_cleans_temporaries_of_a_killed_export(tmp_path):
+    path = tmp_path / "model.npz"
+    # File handling does not depend on the backend: the lightest to import.
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
+    killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(path)], env=env)
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert len(leftovers) == 1 and not path.exists()  # The killed export's temporary.
+    # A temporary that a live export holds locked is left alone.
+    busy = tmp_path / ".model.npz.tmp-busy.npz"
+    busy.write_bytes(b"writing")
+    with open(busy, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        export(tmp_path, randomize_weights(tiny()), "model.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [busy.name, "model.npz"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes and symbolic links")
+def test_export_keeps_the_mode_and_writes_through_a_symbolic_link(tmp_path):
+    target = tmp_path / "store" / "model.npz"
+    target.parent.mkdir()
+    target.write_bytes(b"old")
+    target.chmod(0o600)
+    link = tmp_path / "latest.npz"
+    link.symlink_to(target)
+    model = randomize_weights(tiny())
+    assert keras_vit.export_npz(model, link) == str(link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    restored = tiny(weights=str(link))
+    for a, b in zip(weights_of(model), weights_of(restored)):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.npz"]
 
 
 # --- Head, pre_logits and resolution rules -----------------------------------
@@ -312,38 +506,232 @@ def test_registry_refuses_mismatches_before_download():
         tiny(weights="augreg")
 
 
+class Bucket:
+    """Files served over HTTP on the loopback interface, with a server's
+    faults: a connection closed early without `Content-Length`, an HTML error
+    page with status 200, a slow transfer. Records every request."""
+
+    def __init__(self):
+        self.files, self.faults, self.requests = {}, {}, []
+        self.chunk_delay = 0.0
+
+    def handler(self):
+        bucket = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                path = urllib.parse.unquote(self.path.lstrip("/"))
+                bucket.requests.append(path)
+                data, fault = bucket.files.get(path), bucket.faults.get(path)
+                if data is None:
+                    self.send_error(404)
+                    return
+                if fault == "html":
+                    data = b"<!DOCTYPE html><html><body>Quota exceeded</body></html>"
+                self.send_response(200)
+                if fault == "truncated":  # No length, closed half-way (HTTP/1.0).
+                    self.end_headers()
+                    self.wfile.write(data[: len(data) // 2])
+                    return
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                for i in range(0, len(data), 4096):
+                    self.wfile.write(data[i : i + 4096])
+                    time.sleep(bucket.chunk_delay)
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+
 @pytest.fixture
-def local_bucket(tmp_path, monkeypatch):
-    """Serves `tmp_path/bucket` over HTTP on the loopback interface."""
-    root = tmp_path / "bucket"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def bucket(tmp_path, monkeypatch):
+    """A `Bucket` served as KERAS_VIT_WEIGHTS_URL, cache in tmp_path/cache."""
+    served = Bucket()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), served.handler())
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}")
+    served.url = f"http://127.0.0.1:{server.server_port}"
+    monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", served.url)
     monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(tmp_path / "cache"))
-    yield root
+    yield served
     server.shutdown()
 
 
-def test_registered_name_is_downloaded_cached_and_loaded(local_bucket):
-    source = randomize_weights(keras_vit.ViTTi16(num_layers=1))
+def npz_bytes(tmp_path, model, name="served.npz"):
+    return pathlib.Path(export(tmp_path, model, name)).read_bytes()
+
+
+def test_registered_name_is_downloaded_verified_cached_and_loaded(bucket, tmp_path):
+    source = randomize_weights(keras_vit.ViTTi16(input_shape=(32, 32, 3)))
     upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
-    (local_bucket / "augreg").mkdir()
-    keras_vit.export_npz(source, local_bucket / "augreg" / f"{upstream}.npz")
-    model = keras_vit.ViTTi16(num_layers=1, weights="augreg")
+    bucket.files[f"augreg/{upstream}.npz"] = data = npz_bytes(tmp_path, source)
+    # The partial file of a killed download is in the cache: replaced.
+    cached = tmp_path / "cache" / "models" / "keras_vit" / f"augreg__{upstream}.npz"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(data[:1000])
+    model = keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
     for a, b in zip(weights_of(source), weights_of(model)):
         np.testing.assert_array_equal(a, b)
-    # Cached: a second load works with the server's file gone.
-    (local_bucket / "augreg" / f"{upstream}.npz").unlink()
-    keras_vit.ViTTi16(num_layers=1, weights="augreg")
+    assert cached.read_bytes() == data
+    record = pathlib.Path(f"{cached}.sha256").read_text().split()
+    assert record == [hashlib.sha256(data).hexdigest(), cached.name]
+    # Cached: a second load needs no server.
+    bucket.files.clear()
+    keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
+    assert bucket.requests == [f"augreg/{upstream}.npz"]
 
 
-def test_failed_download_is_a_clear_error(local_bucket):
+def test_failed_download_is_a_clear_error(bucket):
     with pytest.raises(Exception, match="URL fetch failure|404"):
-        keras_vit.ViTTi16(num_layers=1, weights="augreg")
+        keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
+
+
+def test_architecture_overrides_are_refused_before_download(bucket):
+    with pytest.raises(ValueError, match=r"num_layers 2 \(the checkpoint's: 12\)"):
+        keras_vit.ViTB16(input_shape=(32, 32, 3), num_layers=2, weights="sam")
+    with pytest.raises(ValueError, match="class token False"):
+        keras_vit.ViTTi16(input_shape=(32, 32, 3), classifier="gap", weights="augreg")
+    model = keras_vit.ViTTi16(input_shape=(32, 32, 3), mlp_dim=64)
+    with pytest.raises(ValueError, match=r"mlp_dim 64 .*\(nothing was downloaded\)"):
+        keras_vit.load_weights(model, "augreg", variant="ViT-Ti_16")
+    assert bucket.requests == []
+
+
+# The cache itself, through `cache.fetch` with the loader as validator.
+BUCKET_PATH = "augreg/tiny.npz"
+
+
+def cached_path(tmp_path):
+    return tmp_path / "cache" / "models" / "keras_vit" / "augreg__tiny.npz"
+
+
+def fetch_into(model):
+    return cache.fetch(BUCKET_PATH, validate=lambda path: prepare_npz(model, path))
+
+
+@pytest.mark.parametrize("fault, match", [
+    ("truncated", "truncated, corrupt"),
+    ("html", "text .*error page"),
+])
+def test_broken_download_is_never_cached(bucket, tmp_path, fault, match):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    bucket.faults[BUCKET_PATH] = fault
+    with pytest.raises(ValueError, match=f"downloaded from {bucket.url}.* is invalid.*{match}"):
+        fetch_into(model)
+    assert sorted(p.name for p in cached_path(tmp_path).parent.iterdir()) == ["augreg__tiny.npz.lock"]
+    del bucket.faults[BUCKET_PATH]
+    assert fetch_into(model) == str(cached_path(tmp_path))
+    assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+
+
+@pytest.mark.parametrize("cached", ["partial", "html", "other model"])
+def test_invalid_cached_file_is_reported_deleted_and_downloaded_once(
+    bucket, tmp_path, caplog, cached
+):
+    good = npz_bytes(tmp_path, randomize_weights(tiny()))
+    bad = {
+        "partial": good[: len(good) // 3],
+        "html": b"<html><body>404</body></html>",
+        "other model": npz_bytes(tmp_path, tiny(hidden_size=24), "other.npz"),
+    }[cached]
+    cached_path(tmp_path).parent.mkdir(parents=True)
+    cached_path(tmp_path).write_bytes(bad)
+    bucket.files[BUCKET_PATH] = good
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        fetch_into(tiny())
+    assert "is invalid" in caplog.text and "downloading it again" in caplog.text
+    assert cached_path(tmp_path).read_bytes() == good
+    # A server that serves the bad file too: one more download, then an error.
+    cached_path(tmp_path).write_bytes(bad)
+    pathlib.Path(f"{cached_path(tmp_path)}.sha256").unlink()
+    bucket.files[BUCKET_PATH] = bad
+    with pytest.raises(ValueError, match="(?s)downloaded from .* is invalid.* Nothing was cached"):
+        fetch_into(tiny())
+    assert len(bucket.requests) == 2 and not cached_path(tmp_path).exists()
+
+
+def test_cached_file_changed_after_first_download_is_detected(bucket, tmp_path, caplog):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny(), seed=1))
+    fetch_into(model)
+    # Another checkpoint of the same architecture: it would load fine.
+    cached_path(tmp_path).write_bytes(npz_bytes(tmp_path, randomize_weights(tiny(), seed=2), "x.npz"))
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        fetch_into(model)
+    assert "changed since its first verified download" in caplog.text
+    assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+    assert len(bucket.requests) == 2
+
+
+def test_unusable_cache_directory_is_an_error_not_a_fallback(bucket, tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(blocker))
+    bucket.files[BUCKET_PATH] = b"anything"
+    with pytest.raises(PermissionError, match=f"{blocker}/models/keras_vit.*KERAS_VIT_CACHE_DIR"):
+        fetch_into(tiny())
+    assert bucket.requests == []
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX owners and modes")
+def test_cache_refuses_files_others_own_or_can_write(bucket, tmp_path):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    path = cached_path(tmp_path)
+    fetch_into(model)
+    path.chmod(0o666)
+    with pytest.raises(PermissionError, match="writable by every user"):
+        fetch_into(model)
+    path.chmod(0o644)
+    path.parent.chmod(0o777)
+    with pytest.raises(PermissionError, match="cache directory .* writable by every user"):
+        fetch_into(model)
+    path.parent.chmod(0o755)
+    if os.getuid() == 0:
+        os.chown(path, 4242, -1)
+        with pytest.raises(PermissionError, match=r"owned by another user \(uid 4242\)"):
+            fetch_into(model)
+    assert path.exists() and len(bucket.requests) == 1  # Refused, not deleted.
+
+
+FETCH_IN_A_PROCESS = """
+import pathlib, sys, time
+ready, other = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+import logging
+logging.basicConfig(level=logging.INFO)
+from keras_vit.weights import cache, read_npz
+ready.touch()
+while not other.exists():  # Both processes call fetch at the same time.
+    time.sleep(0.01)
+path = cache.fetch("augreg/tiny.npz", validate=read_npz)
+print("ARRAYS", len(read_npz(path)))
+"""
+
+
+def test_two_processes_share_one_download(bucket, tmp_path):
+    source = randomize_weights(tiny())
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
+    bucket.chunk_delay = 0.05  # A slow server: the download takes about a second.
+    # The cache does not depend on the backend: the lightest to import.
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
+    flags = [tmp_path / "ready0", tmp_path / "ready1"]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", FETCH_IN_A_PROCESS, str(flags[i]), str(flags[1 - i])],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    expected = f"ARRAYS {len(checkpoint_variables(source))}"
+    assert all(expected in out for out in outputs), outputs
+    assert sum("Waiting for another process" in out for out in outputs) == 1, outputs
+    assert bucket.requests == [BUCKET_PATH]
+    assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
 
 
 # --- Same numbers on every backend -------------------------------------------

@@ -1,9 +1,12 @@
 """Functional ViT models in the keras.applications idiom."""
 
+import numbers
+
 import keras
 
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+from keras_vit.layers.position_embedding import INTERPOLATIONS
 from keras_vit.layers.utils import check_rate, normalize_pair
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.models import variants
@@ -17,6 +20,17 @@ POOLINGS = (None, "token", "gap", "avg")
 EXTRA_FIELDS = dict(drop_path_rate=0.0, head_bias_init=0.0, resnet_width_factor=1)
 
 
+def _is_int(value):
+    # NumPy integers count (sizes often come from arrays); bools do not.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _positive_int(value, name):
+    if not _is_int(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+    return int(value)
+
+
 def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
     """Validates `(H, W, C)` and that the sides are multiples of `stride`.
 
@@ -26,11 +40,12 @@ def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
         shape = tuple(input_shape)
     except TypeError:
         shape = ()
-    if len(shape) != 3 or not all(isinstance(s, int) and s > 0 for s in shape):
+    if len(shape) != 3 or not all(_is_int(s) and s > 0 for s in shape):
         raise ValueError(
             "`input_shape` must be a tuple of 3 positive ints (height, width, "
             f"channels). Received: input_shape={input_shape!r}"
         )
+    shape = tuple(int(s) for s in shape)
     if (shape[0] % stride[0] or shape[1] % stride[1]) and stem_stride > 1:
         raise ValueError(
             f"The image height and width must be multiples of the effective "
@@ -58,6 +73,8 @@ def _resolve_fields(variant, overrides):
             f"{sorted(fields)}. Received: {', '.join(f'{k}={overrides[k]!r}' for k in unknown)}"
         )
     fields.update(overrides)
+    # No blocks is not a ViT (and a bool is not a depth).
+    fields["num_layers"] = _positive_int(fields["num_layers"], "num_layers")
     if fields["classifier"] not in variants.CLASSIFIERS:
         raise ValueError(
             f"`classifier` must be one of {variants.CLASSIFIERS}. "
@@ -106,7 +123,7 @@ def ViT(
         input_shape: `(height, width, channels)`; the sides must be multiples
             of the patch size (for hybrids: of the ResNet stem's stride times
             the patch size). Defaults to `(224, 224, 3)`.
-        pooling: with `include_top=False`: None returns the token sequence
+        pooling: only with `include_top=False` (refused otherwise): None returns the token sequence
             `(B, T, D)` after `encoder_norm`; `"token"` or `"gap"` (alias
             `"avg"`) the pooled representation (through `pre_logits` when the
             model has a `representation_size`).
@@ -148,9 +165,18 @@ def ViT(
         )
     if pooling not in POOLINGS:
         raise ValueError(f"`pooling` must be one of {POOLINGS}. Received: pooling={pooling!r}")
-    if include_top and (not isinstance(num_classes, int) or num_classes <= 0):
+    if include_top and pooling is not None:
         raise ValueError(
-            f"`num_classes` must be a positive int. Received: num_classes={num_classes!r}"
+            "`pooling` applies to include_top=False (features without the head); "
+            "with include_top=True the model's `classifier` decides the pooling. "
+            f"Received: pooling={pooling!r} with include_top=True"
+        )
+    if include_top:
+        num_classes = _positive_int(num_classes, "num_classes")
+    if posemb_interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            f"`posemb_interpolation` must be one of {INTERPOLATIONS}. "
+            f"Received: posemb_interpolation={posemb_interpolation!r}"
         )
     classifier = fields["classifier"]
     has_class_token = classifier in ("token", "token_unpooled")

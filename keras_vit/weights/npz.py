@@ -6,8 +6,13 @@ block; google-research/vision_transformer, `checkpoint.py`). Files with Linen
 numbering and an `opt/target/` prefix are accepted too. The mapping between
 those keys and a model's variables is written once, in `checkpoint_variables`,
 and serves loading and exporting alike.
+
+Files are read member by member from the zip archive: every key, declared
+shape, dtype and size is checked from the headers before any array is
+decompressed, and only the arrays the model uses are read.
 """
 
+import contextlib
 import logging
 import math
 import os
@@ -24,12 +29,18 @@ from keras_vit.layers.position_embedding import (
     resample_position_embedding,
 )
 
+try:  # POSIX: an export holds a lock on its temporary file while it writes.
+    import fcntl
+except ImportError:  # Windows: stale temporaries are not cleaned.
+    fcntl = None
+
 logger = logging.getLogger("keras_vit")
 
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # Extra key written by `export_npz` for grids that cannot be inferred.
 GRID_KEY = "keras_vit/posemb_grid"
 _BLOCK = re.compile(r"^encoderblock_(\d+)$")
+_GROUP_NORM = re.compile(r"(^|/)gn(_root|_proj|\d+)/(scale|bias)$")
 # Hybrid ResNet layers: Keras names cannot hold "/", so the checkpoint's
 # `block1/unit1/conv1` is the layer `block1_unit1_conv1`.
 _RESNET_LAYER = re.compile(r"^(block\d+)_(unit\d+)_(conv[123]|conv_proj|gn[123]|gn_proj)$")
@@ -115,21 +126,131 @@ def model_grid(model):
     return embedding.grid_size(embedding.input.shape)
 
 
-def read_npz(path):
-    """Reads every array of an `.npz` file (never unpickling) into a dict."""
+class _Member:
+    """One array of an `.npz` archive, known from its headers only."""
+
+    def __init__(self, info, shape, dtype, fortran_order, offset):
+        self.info, self.shape, self.dtype = info, shape, dtype
+        self.fortran_order, self.offset = fortran_order, offset
+
+    @property
+    def nbytes(self):
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _unreadable(path, reason, error=None):
+    detail = f" ({type(error).__name__}: {error})" if error is not None else ""
+    return ValueError(
+        f"Cannot read the weights file {path!r}: {reason}{detail}. Received: weights={path!r}"
+    )
+
+
+def _not_an_archive(path, error):
+    """Names what the file is when it is not a zip archive at all."""
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            if not hasattr(archive, "files"):
-                raise ValueError("it holds a single array, not named arrays")
-            arrays = {key: archive[key] for key in archive.files}
+        with open(path, "rb") as f:
+            start = f.read(64).lstrip().lower()
+    except OSError:
+        start = b""
+    if start.startswith(b"\x93numpy"):
+        reason = "it holds a single `.npy` array, not an `.npz` archive of named arrays"
+    elif start.startswith((b"<!doctype", b"<html", b"<?xml", b"{")):
+        reason = "it is a text (HTML/XML/JSON) document, such as an error page, not an `.npz` archive"
+    else:
+        reason = "it is truncated, corrupt or not an `.npz` archive of arrays"
+    return _unreadable(path, reason, error)
+
+
+@contextlib.contextmanager
+def _open_archive(path):
+    """Opens `path` as a zip archive, turning every failure into a clear error."""
+    try:
+        archive = zipfile.ZipFile(path)
     except FileNotFoundError:
-        raise FileNotFoundError(f"Weights file not found. Received: weights={path!r}")
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as e:
-        raise ValueError(
-            "Cannot read the weights file: it is truncated, corrupt or not an "
-            f"`.npz` archive of arrays ({type(e).__name__}: {e}). "
+        raise FileNotFoundError(f"Weights file not found. Received: weights={path!r}") from None
+    except PermissionError as e:
+        raise PermissionError(
+            f"The weights file {path!r} cannot be read: permission denied ({e}). "
             f"Received: weights={path!r}"
         ) from e
+    except IsADirectoryError as e:
+        raise _unreadable(path, "it is a directory", e) from e
+    except (zipfile.BadZipFile, EOFError, ValueError) as e:
+        raise _not_an_archive(path, e) from e
+    except OSError as e:
+        raise _unreadable(path, "the file cannot be read", e) from e
+    with archive:
+        yield archive
+
+
+def _members(archive, path):
+    """Every member's key, shape, dtype and size, from headers only."""
+    members = {}
+    for info in archive.infolist():
+        if info.is_dir():
+            continue
+        if not info.filename.endswith(".npy"):
+            raise _unreadable(path, f"member {info.filename!r} is not an `.npy` array")
+        key = info.filename[: -len(".npy")]
+        try:
+            with archive.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ValueError(f"unsupported `.npy` format version {version}")
+                offset = f.tell()
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+            raise _unreadable(path, f"the header of {key!r} is truncated or corrupt", e) from e
+        if dtype.hasobject:
+            raise _unreadable(
+                path, f"{key!r} holds Python objects, which would need unpickling (never done)"
+            )
+        member = _Member(info, tuple(shape), dtype, fortran_order, offset)
+        # The zip's own header declares the member's size: a shape that does
+        # not match it is a corrupt (or hostile) file, refused before reading.
+        if member.offset + member.nbytes != info.file_size:
+            raise _unreadable(
+                path,
+                f"{key!r} declares shape {member.shape} of {dtype} ({member.nbytes:,} bytes) "
+                f"but the archive holds {info.file_size - member.offset:,} bytes for it",
+            )
+        members[key] = member
+    return members
+
+
+def _read_member(archive, path, key, member):
+    try:
+        data = bytearray(member.nbytes)
+    except MemoryError as e:
+        raise _unreadable(
+            path, f"{key!r} of shape {member.shape} ({member.nbytes:,} bytes) does not fit in memory"
+        ) from e
+    try:
+        with archive.open(member.info) as f:
+            f.seek(member.offset)
+            read = f.readinto(data)
+            f.read(1)  # Reaching the end makes zipfile check the CRC.
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        raise _unreadable(path, f"{key!r} is truncated or corrupt", e) from e
+    if read != member.nbytes:
+        raise _unreadable(path, f"{key!r} is truncated")
+    array = np.frombuffer(data, dtype=member.dtype)
+    return array.reshape(member.shape, order="F" if member.fortran_order else "C")
+
+
+def read_npz(path):
+    """Reads every array of an `.npz` file (never unpickling) into a dict.
+
+    Keys are canonical (see `canonical_keys`). Raises `ValueError` naming the
+    file for anything that is not an archive of plain arrays.
+    """
+    path = os.fspath(path)
+    with _open_archive(path) as archive:
+        members = _members(archive, path)
+        arrays = {key: _read_member(archive, path, key, m) for key, m in members.items()}
     return canonical_keys(arrays, path)
 
 
@@ -170,12 +291,71 @@ def _describe(arrays):
     )
 
 
-def load_npz(model, path, interpolation="linear", source_grid=None, arrays=None):
-    """Loads an original-format `.npz` checkpoint into `model`.
+def _numpy_dtype(variable):
+    try:
+        return np.dtype(variable.dtype)
+    except TypeError:  # bfloat16 variables: any float casts to them.
+        return np.dtype("float32")
 
-    All or nothing: every key is checked before any variable is assigned, and
-    any missing, unexpected or mis-shaped key raises one `ValueError` that
-    lists them all, leaving the model unchanged.
+
+def _dtype_problem(key, dtype, variable_dtype):
+    # Checkpoints hold floats; an int, bool, complex, string or structured
+    # array under a weight's key is a wrong file, not a value to cast.
+    if dtype.kind != "f" or not np.can_cast(dtype, variable_dtype, casting="same_kind"):
+        return f"{key} has dtype {dtype}; a floating-point array castable to {variable_dtype} is needed"
+    return None
+
+
+def _source_grid(path, archive, member):
+    """The checkpoint's patch grid from the file's metadata."""
+    grid = None
+    if member.dtype.kind in "iu" and member.shape == (2,):
+        grid = _read_member(archive, path, GRID_KEY, member)
+    if grid is None or (grid <= 0).any():
+        held = f"{member.dtype} of shape {member.shape}" if grid is None else f"{grid.tolist()}"
+        raise ValueError(
+            f"The weights file {path!r} has invalid `{GRID_KEY}` metadata: 2 positive "
+            f"ints (rows, cols) are needed, the file holds {held}. Pass "
+            f"`source_grid=(rows, cols)` or fix the file. Received: weights={path!r}"
+        )
+    return tuple(int(v) for v in grid)
+
+
+class LoadPlan:
+    """Values checked against a model, ready to assign (see `prepare_npz`)."""
+
+    def __init__(self, path, values, notes):
+        self.path, self.values, self.notes = path, values, notes
+
+    def apply(self, model):
+        targets = checkpoint_variables(model)
+        for key, value in self.values.items():
+            targets[key].assign(np.asarray(value, dtype=targets[key].dtype))
+        for note in self.notes:
+            logger.info("%s: %s", os.path.basename(self.path), note)
+        return list(self.notes)
+
+
+def load_npz(model, path, interpolation="linear", source_grid=None, allow_nonfinite=False):
+    """Loads an original-format `.npz` checkpoint into `model`, all or nothing.
+
+    See `prepare_npz` for what is checked and how the checkpoint is fitted;
+    nothing is assigned unless everything passes.
+
+    Returns:
+        The list of notes about what was adapted.
+    """
+    plan = prepare_npz(model, path, interpolation, source_grid, allow_nonfinite)
+    return plan.apply(model)
+
+
+def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_nonfinite=False):
+    """Reads and checks an original-format `.npz` checkpoint for `model`.
+
+    Nothing is assigned: the returned `LoadPlan` does that. Every key, shape
+    and dtype is checked from the archive's headers first, then only the
+    arrays the model uses are read and checked for finite values; any problem
+    raises one `ValueError` that lists them all.
 
     Rules (as the original `load_pretrained`, google-research/vision_transformer
     `checkpoint.py`):
@@ -195,74 +375,103 @@ def load_npz(model, path, interpolation="linear", source_grid=None, arrays=None)
         interpolation: `"linear"` or `"bicubic"`.
         source_grid: `(rows, cols)` of the checkpoint's patch grid, needed only
             for non-square grids in files without keras_vit metadata.
-        arrays: already-read arrays (keys canonical), instead of reading `path`.
+        allow_nonfinite: accept NaN and infinite values (refused by default).
     """
-    if arrays is None:
-        arrays = read_npz(path)
-    arrays = dict(arrays)
-    saved_grid = arrays.pop(GRID_KEY, None)
-    if source_grid is None and saved_grid is not None:
-        source_grid = tuple(int(v) for v in saved_grid)
+    path = os.fspath(path)
     targets = checkpoint_variables(model)
-    has_cls = "cls" in targets
-    has_head = "head/kernel" in targets
+    with _open_archive(path) as archive:
+        members = canonical_keys(_members(archive, path), path)
+        problems, notes, reads = _check_headers(targets, members)
+        if problems:
+            raise _load_error(model, path, members, problems)
+        grid = members.pop(GRID_KEY, None)
+        if source_grid is None and grid is not None:
+            source_grid = _source_grid(path, archive, grid)
+        arrays = {key: _read_member(archive, path, key, members[key]) for key in reads}
 
-    values, problems, notes = {}, [], []
+    values = {}
+    has_cls = "cls" in targets
     for key, variable in targets.items():
         shape = tuple(variable.shape)
         if key not in arrays:
-            if key.startswith("head/"):
-                notes.append(f"`{key}` is not in the checkpoint: initialised for fine-tuning.")
+            if key.startswith("head/") and (key not in members or members[key].shape != shape):
                 values[key] = _initial_value(model.get_layer("head"), key, shape)
-            elif key.startswith("pre_logits/"):
-                notes.append(f"`{key}` is not in the checkpoint: kept freshly initialised.")
-            else:
-                problems.append(f"missing from the checkpoint: {key} {shape}")
             continue
         value = arrays[key]
+        if not allow_nonfinite and not np.isfinite(value).all():
+            count = int(value.size - np.isfinite(value).sum())
+            problems.append(
+                f"{key} holds {count} NaN or infinite value(s) "
+                "(pass allow_nonfinite=True to load them anyway)"
+            )
+            continue
         if key == POSEMB_KEY:
             try:
                 value = _fit_posemb(value, shape, model, has_cls, source_grid, interpolation, notes)
             except ValueError as e:
                 problems.append(f"{key}: {e}")
                 continue
-        elif key.startswith("head/") and value.shape != shape:
+        values[key] = value.reshape(shape)  # Pre-Linen GroupNorm: (1, 1, 1, C).
+    if problems:
+        raise _load_error(model, path, members, problems)
+    return LoadPlan(path, values, notes)
+
+
+def _check_headers(targets, members):
+    """Problems, notes and the keys to read, from shapes and dtypes alone."""
+    problems, notes, reads = [], [], []
+    has_head = "head/kernel" in targets
+    for key, variable in targets.items():
+        shape = tuple(variable.shape)
+        if key not in members:
+            if key.startswith("head/"):
+                notes.append(f"`{key}` is not in the checkpoint: initialised for fine-tuning.")
+            elif key.startswith("pre_logits/"):
+                notes.append(f"`{key}` is not in the checkpoint: kept freshly initialised.")
+            else:
+                problems.append(f"missing from the checkpoint: {key} {shape}")
+            continue
+        member = members[key]
+        problem = _dtype_problem(key, member.dtype, _numpy_dtype(variable))
+        if problem:
+            problems.append(problem)
+        elif key == POSEMB_KEY:
+            if len(member.shape) != 3 or member.shape[0] != 1 or member.shape[-1] != shape[-1]:
+                problems.append(
+                    f"{key}: shape {member.shape} cannot fit the model's {shape}"
+                )
+            else:
+                reads.append(key)
+        elif key.startswith("head/") and member.shape != shape:
             notes.append(
-                f"`{key}` has shape {value.shape} in the checkpoint and {shape} in "
+                f"`{key}` has shape {member.shape} in the checkpoint and {shape} in "
                 "the model: re-initialised (zeros) for fine-tuning."
             )
-            value = _initial_value(model.get_layer("head"), key, shape)
-        elif value.shape != shape and np.squeeze(value).shape == shape and re.search(
-            r"(^|/)gn(_root|_proj|\d+)/(scale|bias)$", key
-        ):
+        elif member.shape == shape or (
             # Pre-Linen GroupNorm stored scale/bias as (1, 1, 1, C).
-            value = value.reshape(shape)
-        if value.shape != shape:
+            _GROUP_NORM.search(key) and tuple(d for d in member.shape if d != 1) == shape
+        ):
+            reads.append(key)
+        else:
             problems.append(
-                f"shape mismatch: {key} is {value.shape} in the checkpoint, {shape} in the model"
+                f"shape mismatch: {key} is {member.shape} in the checkpoint, {shape} in the model"
             )
-            continue
-        values[key] = value
-
     ignorable = ("pre_logits/",) + (() if has_head else ("head/",))
-    for key in sorted(set(arrays) - set(targets)):
+    for key in sorted(set(members) - set(targets) - {GRID_KEY}):
         if key.startswith(ignorable):
             notes.append(f"`{key}` in the checkpoint is not used by this model: dropped.")
         else:
-            problems.append(f"not in the model: {key} {arrays[key].shape}")
+            problems.append(f"not in the model: {key} {members[key].shape}")
+    return problems, notes, reads
 
-    if problems:
-        listed = "\n  ".join(problems)
-        raise ValueError(
-            f"Cannot load the checkpoint into model {model.name!r}; the model is "
-            f"unchanged. Checkpoint: {_describe(arrays)}. {len(problems)} problem(s):"
-            f"\n  {listed}\nReceived: weights={path!r}"
-        )
-    for key, value in values.items():
-        targets[key].assign(np.asarray(value, dtype=targets[key].dtype))
-    for note in notes:
-        logger.info("%s: %s", os.path.basename(str(path)), note)
-    return notes
+
+def _load_error(model, path, members, problems):
+    listed = "\n  ".join(problems)
+    return ValueError(
+        f"Cannot load the checkpoint {path!r} into model {model.name!r}; the model "
+        f"is unchanged. Checkpoint: {_describe(members)}. {len(problems)} problem(s):"
+        f"\n  {listed}\nReceived: weights={path!r}"
+    )
 
 
 def _initial_value(layer, key, shape):
@@ -303,7 +512,12 @@ def export_npz(model, path):
 
     Keys are those of the published checkpoints, so the file loads in the
     original code, in timm and back into keras_vit. A non-square patch grid is
-    recorded under `keras_vit/posemb_grid`. The file is written atomically.
+    recorded under `keras_vit/posemb_grid`.
+
+    The file is written atomically (a temporary file renamed over `path`); an
+    existing file keeps its permission bits, a symbolic link is written
+    through (its target is replaced, the link stays), and temporaries left by
+    a killed export are removed by the next export to the same path.
     """
     arrays = {
         key: keras.ops.convert_to_numpy(variable.value).astype(np.float32)
@@ -313,18 +527,54 @@ def export_npz(model, path):
     if rows != cols:
         arrays[GRID_KEY] = np.array([rows, cols], np.int32)
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    target = os.path.realpath(path)  # Through symbolic links.
+    directory, base = os.path.split(target)
     os.makedirs(directory, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(suffix=".npz", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            np.savez(f, **arrays)
+    if os.path.exists(target):
+        mode = os.stat(target).st_mode & 0o7777
+    else:
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600 files.
-        os.replace(tmp, path)
+        mode = 0o666 & ~umask  # As `open` would; mkstemp creates 0600 files.
+    prefix = f".{base}.tmp-"
+    _remove_stale_temporaries(directory, prefix)
+    handle, tmp = tempfile.mkstemp(prefix=prefix, suffix=".npz", dir=directory)
+    try:
+        if fcntl is not None:
+            # Held until the rename: a concurrent export sees it is alive.
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        with os.fdopen(handle, "wb", closefd=False) as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+    finally:
+        os.close(handle)
     return path
+
+
+def _remove_stale_temporaries(directory, prefix):
+    """Removes temporaries of exports that died (their lock is free)."""
+    if fcntl is None:
+        return
+    for entry in os.scandir(directory):
+        if not (entry.name.startswith(prefix) and entry.name.endswith(".npz")):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # Another export is writing it.
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(entry.path)
+        finally:
+            os.close(fd)

@@ -2,9 +2,9 @@
 
 All files live in the public `vit_models` bucket of
 google-research/vision_transformer (README, "Available ViT models" and the
-AugReg table). No checksums are published for them, so downloads are not
-hash-checked; `load_weights` still refuses files whose keys or shapes do not
-fit the model.
+AugReg table). No checksums are published for them: a download is checked
+by loading it (its keys, shapes, dtypes and values must fit the model) and its
+sha256 is recorded on first use (see `keras_vit.weights.cache`).
 """
 
 import os
@@ -63,6 +63,9 @@ AUGREG_FILE = re.compile(
     r"-(i1k|i21k|i21k_30)-\d+ep-lr_[\d.]+-aug_\w+-wd_[\d.]+-do_[\d.]+-sd_[\d.]+"
     r"(--\w+-steps_\d+k-lr_[\d.]+-res_\d+)?$"
 )
+
+# Hybrid ResNet layers are named `block{stage}_unit{unit}_...`.
+_RESNET_UNIT = re.compile(r"^block(\d+)_unit(\d+)_conv1$")
 
 NAMES = ("imagenet21k", "imagenet21k+imagenet2012", "augreg", "augreg+imagenet2012", "sam")
 
@@ -142,3 +145,60 @@ def resolve(weights, variant, resolution=None):
 
 def url(bucket_path):
     return f"{base_url()}/{urllib.parse.quote(bucket_path)}"
+
+
+def check_architecture(model, variant, weights):
+    """Refuses, before any download, a model whose architecture is not the
+    published `variant`'s (e.g. `ViT-B_16` with `num_layers=2`)."""
+    from keras_vit import layers as vit_layers
+    from keras_vit.models.resnet import ROOT_WIDTH
+    from keras_vit.models.variants import VARIANTS
+
+    fields = VARIANTS[variant]
+    names = {layer.name: layer for layer in model.layers}
+    blocks = [
+        layer for layer in model.layers if isinstance(layer, vit_layers.TransformerEncoderBlock)
+    ]
+    stages = {}
+    for name in names:
+        match = _RESNET_UNIT.match(name)
+        if match:
+            stage, unit = int(match.group(1)), int(match.group(2))
+            stages[stage] = max(stages.get(stage, 0), unit)
+    hybrid = fields["resnet"] is not None
+    expected = {
+        "patch_size": (fields["patch_size"],) * 2,
+        "hidden_size": fields["hidden_size"],
+        "num_layers": fields["num_layers"],
+        "mlp_dim": fields["mlp_dim"],
+        "num_heads": fields["num_heads"],
+        "class token": fields["classifier"] in ("token", "token_unpooled"),
+        "resnet": tuple(fields["resnet"]) if hybrid else None,
+        "ResNet root width": ROOT_WIDTH if hybrid else None,
+    }
+    embedding = names["embedding"]
+    actual = {
+        "patch_size": tuple(embedding.patch_size),
+        "hidden_size": embedding.hidden_size,
+        "num_layers": len(blocks),
+        "mlp_dim": blocks[0].mlp_dim if blocks else None,
+        "num_heads": blocks[0].num_heads if blocks else None,
+        "class token": "cls" in names,
+        "resnet": tuple(stages[s] for s in sorted(stages)) if "conv_root" in names else None,
+        "ResNet root width": (
+            names["conv_root"].kernel.shape[-1] if "conv_root" in names else None
+        ),
+    }
+    differences = [
+        f"{key} {actual[key]!r} (the checkpoint's: {expected[key]!r})"
+        for key in expected
+        if actual[key] != expected[key]
+    ]
+    if differences:
+        raise ValueError(
+            f"The {weights!r} checkpoint is for the published {variant} architecture, "
+            f"but this model has {', '.join(differences)}: keyword overrides changed "
+            "the architecture, so the checkpoint cannot load (nothing was "
+            "downloaded). Build the model without them, or load a file of this "
+            f"architecture by path. Received: weights={weights!r}"
+        )

@@ -1,0 +1,228 @@
+"""The download cache of registered files (checkpoints and other bucket files).
+
+What the cache trusts, and why:
+- Only its own directory: `$KERAS_VIT_CACHE_DIR/models/keras_vit`, else
+  `$KERAS_HOME/models/keras_vit`, else `~/.keras/models/keras_vit`. Keras'
+  `get_file` falls back to a shared folder in the system temporary directory
+  when that is not writable, where another local user could plant a file;
+  here an unusable directory is an error that names it.
+- Only files owned by the current user and not writable by others (POSIX).
+- A file enters the cache only after it was downloaded completely (to a
+  temporary name in the cache directory) and passed its validator, by an
+  atomic rename. A per-file lock makes concurrent processes wait for one
+  download instead of reading a partial file.
+- The vit_models bucket publishes no checksums, so the sha256 of each file is
+  recorded after its first verified download and checked on every later use
+  (trust on first use): a cached file that changed, or that fails its
+  validator, is reported, deleted and downloaded again, once.
+"""
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import stat
+import tempfile
+
+import keras
+
+from keras_vit.weights import registry
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+    import msvcrt
+
+logger = logging.getLogger("keras_vit")
+
+CACHE_SUBDIR = os.path.join("models", "keras_vit")
+
+
+class InvalidFileError(ValueError):
+    """A downloaded or cached file that is not what its name promises."""
+
+
+def cache_dir():
+    """The directory of cached files (see the module docstring)."""
+    base = (
+        os.environ.get("KERAS_VIT_CACHE_DIR")
+        or os.environ.get("KERAS_HOME")
+        or os.path.join(os.path.expanduser("~"), ".keras")
+    )
+    return os.path.join(os.path.expanduser(base), CACHE_SUBDIR)
+
+
+def fetch(bucket_path, validate=None):
+    """Returns the local path of `bucket_path` in the vit_models bucket.
+
+    Downloads it once (from `registry.url(bucket_path)`, which honours
+    `KERAS_VIT_WEIGHTS_URL`) into the cache; see the module docstring for the
+    guarantees.
+
+    Args:
+        bucket_path: the file's path in the bucket, e.g.
+            `"imagenet21k/ViT-B_16.npz"`.
+        validate: optional callable `validate(path)` that raises `ValueError`
+            when the file is not usable. It runs on a fresh download before it
+            enters the cache, and on a cached copy before it is returned, while
+            the file's lock is held (so a validator that reads the file may
+            keep what it read).
+
+    Returns:
+        The path of the cached file.
+    """
+    directory = _own_directory(cache_dir())
+    name = bucket_path.replace("/", "__")
+    path = os.path.join(directory, name)
+    origin = registry.url(bucket_path)
+    with _locked(path + ".lock"):
+        for entry in os.scandir(directory):  # Left by a killed download.
+            if entry.name.startswith(f".{name}.partial-"):
+                shutil.rmtree(entry.path, ignore_errors=True)
+        if os.path.exists(path):
+            try:
+                _check_cached(path, validate)
+                return path
+            except InvalidFileError as e:
+                logger.warning("%s It was deleted; downloading it again from %s.", e, origin)
+                for stale in (path, _record_path(path)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(stale)
+        _download(origin, directory, name, validate)
+    return path
+
+
+def _own_directory(directory):
+    """Creates `directory` if needed; refuses one we cannot use or trust."""
+    hint = "Set KERAS_VIT_CACHE_DIR to a directory of yours."
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as e:
+        raise PermissionError(
+            f"Cannot create the keras_vit cache directory {directory!r} ({e}). {hint}"
+        ) from e
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PermissionError(
+            f"The keras_vit cache directory {directory!r} is not writable. {hint}"
+        )
+    _check_owner(directory, "cache directory", hint)
+    return directory
+
+
+def _check_owner(path, what, hint):
+    """Refuses a file or directory of another user, or one others can write."""
+    if os.name != "posix":
+        return
+    info = os.stat(path)
+    if info.st_uid != os.getuid():
+        problem = f"is owned by another user (uid {info.st_uid})"
+    elif info.st_mode & stat.S_IWOTH:
+        problem = f"is writable by every user (mode {stat.filemode(info.st_mode)})"
+    else:
+        return
+    raise PermissionError(f"The keras_vit {what} {path!r} {problem}, so it is not trusted. {hint}")
+
+
+def _record_path(path):
+    return path + ".sha256"
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_cached(path, validate):
+    hint = "Delete it, or set KERAS_VIT_CACHE_DIR to a directory of yours."
+    _check_owner(path, "cached file", hint)
+    record = _record_path(path)
+    actual = _sha256(path)
+    if os.path.exists(record):
+        _check_owner(record, "hash record", hint)
+        with open(record) as f:
+            recorded = f.read().split(" ")[0].strip()
+        if actual != recorded:
+            raise InvalidFileError(
+                f"The cached file {path!r} changed since its first verified download "
+                f"(sha256 {actual}, recorded {recorded})."
+            )
+    _validate(path, validate, f"The cached file {path!r} is invalid")
+    if not os.path.exists(record):
+        # A copy from an older keras_vit or put there by the user: trusted from now on.
+        logger.info("%s: no recorded sha256; recording %s.", path, actual)
+        _write_record(path, actual)
+
+
+def _validate(path, validate, what):
+    if validate is None:
+        return
+    try:
+        validate(path)
+    except InvalidFileError:
+        raise
+    except ValueError as e:
+        raise InvalidFileError(f"{what}: {e}") from e
+
+
+def _download(origin, directory, name, validate):
+    partial = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=directory)
+    try:
+        # Into a fresh directory of ours, so `get_file` neither reuses nor
+        # falls back to anything else.
+        fresh = keras.utils.get_file(
+            fname=name, origin=origin, cache_dir=partial, cache_subdir=""
+        )
+        try:
+            _validate(fresh, validate, f"The file downloaded from {origin} is invalid")
+        except InvalidFileError as e:
+            raise InvalidFileError(f"{e} Nothing was cached.") from e
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(fresh, 0o644 & ~umask)
+        path = os.path.join(directory, name)
+        _write_record(path, _sha256(fresh))
+        os.replace(fresh, path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _write_record(path, digest):
+    handle, tmp = tempfile.mkstemp(prefix=".sha256-", dir=os.path.dirname(path))
+    try:
+        with os.fdopen(handle, "w") as f:
+            f.write(f"{digest}  {os.path.basename(path)}\n")
+        os.replace(tmp, _record_path(path))
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _locked(lock_path):
+    """An exclusive lock on `lock_path` between processes; released when the
+    holder exits, even when killed. The lock file itself stays (removing it
+    would let two processes lock two different files)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                logger.info("Waiting for another process to finish with %s.", lock_path)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            while True:
+                try:
+                    msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+                    break
+                except OSError:  # LK_LOCK gives up after 10 s.
+                    continue
+        yield
+    finally:
+        os.close(fd)
