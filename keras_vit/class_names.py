@@ -49,10 +49,12 @@ def imagenet21k_class_names(path=None):
         A list of 21,843 names.
     """
     if path is None:
-        from keras_vit.weights.fetch import fetch_file
+        from keras_vit.weights import cache
 
         try:
-            path = fetch_file(IMAGENET21K_NAMES_URL, "imagenet21k_wordnet_lemmas.txt")
+            path = cache.fetch(
+                "bit_models/imagenet21k_wordnet_lemmas.txt", origin=IMAGENET21K_NAMES_URL
+            )
         except Exception as e:
             raise ValueError(
                 "No ImageNet-21k class names: the download of "

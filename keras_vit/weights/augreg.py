@@ -36,14 +36,16 @@ FINETUNE_METRICS = ("adapt_final_val", "adapt_final_test", "infer_samples_per_se
 BUCKET_PATH = "augreg/index.csv"
 
 
-def _download(force_download=False):
-    # The one download of the catalogue, through the checkpoints' mirror
-    # (KERAS_VIT_WEIGHTS_URL) and cache (KERAS_VIT_CACHE_DIR).
-    from keras_vit.weights.fetch import fetch_file
+def _download(refresh=False):
+    """The catalogue, downloaded once through the checkpoints' mirror
+    (KERAS_VIT_WEIGHTS_URL) and verified cache (KERAS_VIT_CACHE_DIR): a file
+    that does not parse as the index (an error page, a partial download)
+    never enters the cache. Parsed once, as the cache's validator."""
+    from keras_vit.weights import cache
 
-    return fetch_file(
-        registry.url(BUCKET_PATH), BUCKET_PATH.replace("/", "__"), force_download=force_download
-    )
+    parsed = []
+    cache.fetch(BUCKET_PATH, validate=lambda path: parsed.append(read_index(path)), refresh=refresh)
+    return parsed[-1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -119,8 +121,8 @@ def augreg_index(path=None, refresh=False):
         An `AugRegIndex`.
     """
     if path is None:
-        path = _download(force_download=refresh)
-    elif not os.path.exists(path):
+        return _download(refresh=refresh)
+    if not os.path.exists(path):
         raise FileNotFoundError(f"No AugReg index at {os.fspath(path)!r}. Received: path={path!r}")
     return read_index(path)
 

@@ -54,7 +54,7 @@ def cache_dir():
     return os.path.join(os.path.expanduser(base), CACHE_SUBDIR)
 
 
-def fetch(bucket_path, validate=None):
+def fetch(bucket_path, validate=None, origin=None, refresh=False):
     """Returns the local path of `bucket_path` in the vit_models bucket.
 
     Downloads it once (from `registry.url(bucket_path)`, which honours
@@ -69,6 +69,11 @@ def fetch(bucket_path, validate=None):
             enters the cache, and on a cached copy before it is returned, while
             the file's lock is held (so a validator that reads the file may
             keep what it read).
+        origin: the URL to download from, for files outside the bucket
+            (e.g. BiT's ImageNet-21k class names). Defaults to
+            `registry.url(bucket_path)`.
+        refresh: download again even when a valid copy is cached (for files
+            that change upstream, such as the AugReg index).
 
     Returns:
         The path of the cached file.
@@ -76,11 +81,15 @@ def fetch(bucket_path, validate=None):
     directory = _own_directory(cache_dir())
     name = bucket_path.replace("/", "__")
     path = os.path.join(directory, name)
-    origin = registry.url(bucket_path)
+    origin = origin or registry.url(bucket_path)
     with _locked(path + ".lock"):
         for entry in os.scandir(directory):  # Left by a killed download.
             if entry.name.startswith(f".{name}.partial-"):
                 shutil.rmtree(entry.path, ignore_errors=True)
+        if refresh:
+            for stale in (path, _record_path(path)):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(stale)
         if os.path.exists(path):
             try:
                 _check_cached(path, validate)
