@@ -377,3 +377,91 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
         assert report[name + "_updates"] == 6 and report[name + "_moved"] > 1e-2
     assert report["predict_rows"] == 7 and report["predict_error"] < 1e-5
     assert "No TPU" in report["tpu"] and "tpu='local'" in report["tpu"]
+
+
+# --------------------------------------------------------------------------
+# JAX: 2 real processes x 2 CPU devices == 1 process x 4 devices
+# --------------------------------------------------------------------------
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def _jax_hosts_child():
+    """One host of a multi-process run (or the single-process reference):
+    the paper's fine-tuning optimizer (bf16 momentum, clip 1.0, warmup +
+    cosine, 2 accumulated micro-batches), 6 micro-batches of 8 rows
+    (global), from a `tf.data` pipeline of global batches that Keras shards
+    per host: each process reads only its half of every batch."""
+    import jax
+    import tensorflow as tf
+
+    setup = distribute.get_distribution("data_parallel", multi_host=True)
+    index = jax.process_index()
+    weights, x, y = _tiny_setup()
+    dataset = tf.data.Dataset.from_tensor_slices((x[:48], y[:48])).batch(8)
+    with setup.scope():
+        model = keras_vit.ViT(None, **TINY)
+        model.set_weights(weights)
+        model.compile(
+            optimizer=training.finetuning_optimizer(
+                0.05, total_steps=4, warmup_steps=1, gradient_accumulation_steps=2
+            ),
+            loss=training.SigmoidCrossEntropy(),
+        )
+        history = model.fit(dataset, epochs=1, verbose=0)
+        host_batch = next(iter(setup.distribution.distribute_dataset(dataset)))[0].shape[0]
+    report = {
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "updates": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+        "host_batch": int(host_batch),
+        "loss": float(history.history["loss"][0]),
+    }
+    if index == 0:
+        np.savez(os.environ["KERAS_VIT_TEST_OUT"], *model.get_weights())
+    print(json.dumps(report))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution multi-host runs on JAX")
+def test_jax_two_processes_equal_one_process(tmp_path):
+    def launch(processes, index, devices, port, out):
+        env = child_env(
+            KERAS_BACKEND="jax",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+            KERAS_DISTRIBUTION_NUM_PROCESSES=str(processes),
+            KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+            KERAS_VIT_TEST_OUT=str(out),
+        )
+        code = "from tests.test_distribute import _jax_hosts_child; _jax_hosts_child()"
+        return subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+
+    def finish(process):
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, out[-2000:] + err[-4000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    port = _free_port()
+    hosts = [launch(2, i, 2, port, tmp_path / "hosts.npz") for i in range(2)]
+    reports = [finish(p) for p in hosts]
+    single = finish(launch(1, 0, 4, _free_port(), tmp_path / "single.npz"))
+    loss = single.pop("loss")
+    assert single == {"processes": 1, "devices": 4, "local_devices": 4, "updates": 3, "host_batch": 8}
+    for report in reports:
+        assert report.pop("loss") == pytest.approx(loss, rel=1e-5)
+        assert report == {"processes": 2, "devices": 4, "local_devices": 2, "updates": 3, "host_batch": 4}
+    start = _tiny_setup()[0]
+    with np.load(tmp_path / "hosts.npz") as a, np.load(tmp_path / "single.npz") as b:
+        got, want = [a[k] for k in a.files], [b[k] for k in b.files]
+    assert max(float(np.max(np.abs(g - w))) for g, w in zip(got, want)) < 1e-5
+    assert max(float(np.max(np.abs(w - s))) for w, s in zip(want, start)) > 1e-2
