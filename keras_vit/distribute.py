@@ -17,7 +17,7 @@ What each mode means per backend:
 |---|---|---|---|
 | `"none"` | default strategy | no distribution | single device |
 | `"tpu"` | `TPUStrategy` | `DataParallel` over TPU cores | error |
-| `"mirrored"` | `MirroredStrategy` (GPUs) | error | error |
+| `"mirrored"` | `MirroredStrategy` (GPUs, else logical CPUs) | error | error |
 | `"data_parallel"` | error | `DataParallel` | error |
 | `"model_parallel"` | error | `ModelParallel` + ViT layout map | error |
 | `"auto"` | TPU, else >1 GPU, else none | >1 device: data parallel | none |
@@ -317,6 +317,11 @@ def _tensorflow_setup(mode, tpu, devices):
     if mode == "tpu":
         strategy = _tf_tpu_strategy(tpu)
     elif mode == "mirrored":
+        if devices is None and not tf.config.list_logical_devices("GPU"):
+            # No GPU: the logical CPUs, when the CPU was split into several
+            # (TensorFlow itself would mirror over CPU:0 alone).
+            cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+            devices = cpus if len(cpus) > 1 else None
         strategy = tf.distribute.MirroredStrategy(devices=devices)
     else:
         strategy = tf.distribute.get_strategy()
