@@ -248,7 +248,7 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
         "_jax_child",
         {
             "KERAS_BACKEND": "jax",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": "localhost:23456",
             "KERAS_DISTRIBUTION_NUM_PROCESSES": "1",
             "KERAS_DISTRIBUTION_PROCESS_ID": "0",
@@ -434,7 +434,7 @@ def test_jax_two_processes_equal_one_process(tmp_path):
     def launch(processes, index, devices, port, out):
         env = child_env(
             KERAS_BACKEND="jax",
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
             KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
             KERAS_DISTRIBUTION_NUM_PROCESSES=str(processes),
             KERAS_DISTRIBUTION_PROCESS_ID=str(index),

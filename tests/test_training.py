@@ -223,8 +223,11 @@ def test_accumulation_schedule_counts_updates():
     assert restored.accumulation_steps == 4
     assert restored.schedule.get_config() == inner.get_config()
     # The optimizers wrap a plain schedule themselves and refuse a mismatch.
-    optimizer = training.MomentumSGD(inner, gradient_accumulation_steps=4)
-    assert optimizer.get_config()["gradient_accumulation_steps"] == 4
+    optimizer = training.MomentumSGD(inner, global_clipnorm=1.0, gradient_accumulation_steps=4)
+    restored = training.MomentumSGD.from_config(optimizer.get_config())
+    assert restored.accumulation_steps == 4 and restored.clip_global_norm == 1.0
+    assert isinstance(restored._learning_rate, training.AccumulationSchedule)
+    assert restored._learning_rate.schedule.get_config() == inner.get_config()
     with pytest.raises(ValueError, match="gradient_accumulation_steps=2"):
         training.MomentumSGD(schedule, gradient_accumulation_steps=2)
     with pytest.raises(ValueError, match="accumulation_steps=0"):
@@ -248,11 +251,11 @@ def test_the_one_private_keras_seam_still_works():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("buffer, tol", [("float32", 2e-5), ("bfloat16", 1e-2)])
+@pytest.mark.parametrize("buffer, tol", [("float32", 2e-5), ("bfloat16", 2e-5)])
 def test_finetuning_sgd_matches_optax_order(buffer, tol):
-    """clip(1.0) -> trace -> lr under warmup + cosine, 6 steps, against the
-    numpy transcription (the bf16 buffer rounds at slightly different
-    places depending on the backend's fusion, hence the looser tolerance)."""
+    """clip(1.0) -> trace -> lr under warmup + cosine, 6 steps with clipping
+    active, against the numpy transcription of optax's order (with the bf16
+    buffer too: the product is formed in float32 on every backend)."""
     model = tiny_model()
     variables = model.trainable_variables
     before = values(variables)
