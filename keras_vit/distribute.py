@@ -390,6 +390,10 @@ class _ViTModelParallel(keras.distribution.ModelParallel):
 
     def get_variable_layout(self, variable):
         layout = super().get_variable_layout(variable)
+        if not isinstance(layout, keras.distribution.TensorLayout):
+            # An existing variable's own, already resolved layout (Keras
+            # 3.10 returns it; optimizer slots ask with their variable).
+            return layout
         axes = tuple(layout.axes)
         mesh = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
         for size, axis in zip(variable.shape, axes):
