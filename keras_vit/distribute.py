@@ -17,11 +17,15 @@ What each mode means per backend:
 |---|---|---|---|
 | `"none"` | default strategy | no distribution | single device |
 | `"tpu"` | `TPUStrategy` | `DataParallel` over TPU cores | error |
-| `"mirrored"` | `MirroredStrategy` (GPUs) | error | error |
-| `"multi_worker"` | `MultiWorkerMirroredStrategy` | error | error |
+| `"mirrored"` | `MirroredStrategy` (GPUs, else logical CPUs) | error | error |
 | `"data_parallel"` | error | `DataParallel` | error |
 | `"model_parallel"` | error | `ModelParallel` + ViT layout map | error |
-| `"auto"` | TPU, else multi-worker, else >1 GPU, else none | >1 device: data parallel | none |
+| `"auto"` | TPU, else >1 GPU, else none | >1 device: data parallel | none |
+
+Several hosts: JAX (`multi_host=True`) or a TPU pod. TensorFlow's
+`MultiWorkerMirroredStrategy` is not offered: Keras' `fit` fails under it
+(keras-team/keras#20585, `strategy.reduce` of the first batch), and a
+`TF_CONFIG` listing several workers is refused with that advice.
 
 Backend modules (`tensorflow`, `jax`) are imported inside functions, only
 under the matching Keras backend.
@@ -40,17 +44,16 @@ MODES = (
     "none",
     "tpu",
     "mirrored",
-    "multi_worker",
     "data_parallel",
     "model_parallel",
 )
 _BACKEND_MODES = {
-    "tensorflow": ("none", "tpu", "mirrored", "multi_worker"),
+    "tensorflow": ("none", "tpu", "mirrored"),
     "jax": ("none", "tpu", "data_parallel", "model_parallel"),
     "torch": ("none",),
 }
 _SUGGESTION = {
-    "tensorflow": "With the TensorFlow backend use 'tpu', 'mirrored' or 'multi_worker'.",
+    "tensorflow": "With the TensorFlow backend use 'tpu' or 'mirrored'.",
     "jax": "With the JAX backend use 'tpu', 'data_parallel' or 'model_parallel'.",
     "torch": (
         "keras_vit trains on a single device with the PyTorch backend; switch "
@@ -186,8 +189,8 @@ def get_distribution(
 
     Args:
         mode: one of `"auto"`, `"none"`, `"tpu"`, `"mirrored"`,
-            `"multi_worker"`, `"data_parallel"`, `"model_parallel"` (see the
-            table in this module's docstring).
+            `"data_parallel"`, `"model_parallel"` (see the table in this
+            module's docstring).
         tpu: TensorFlow `"tpu"` mode only: the TPU name or address for
             `TPUClusterResolver` (`"local"` on a TPU VM). Defaults to
             `$TPU_NAME`, else `"local"` on a TPU VM, else the resolver's own
@@ -213,7 +216,8 @@ def get_distribution(
     if multi_host and backend != "jax":
         raise ValueError(
             "`multi_host=True` is for the JAX backend; with TensorFlow use "
-            "mode='multi_worker' (TF_CONFIG) or mode='tpu' on a pod. "
+            "mode='tpu' on a TPU pod, or switch to KERAS_BACKEND=jax for "
+            "several GPU hosts. "
             f"Received: multi_host={multi_host!r} with backend {backend!r}"
         )
     if mode != "auto" and mode not in _BACKEND_MODES[backend]:
@@ -293,11 +297,19 @@ def _tf_config_workers():
 def _tensorflow_setup(mode, tpu, devices):
     import tensorflow as tf
 
+    workers = _tf_config_workers()
+    if workers > 1 and mode != "tpu":
+        raise RuntimeError(
+            f"TF_CONFIG lists {workers} workers, but keras_vit cannot train "
+            "on several TensorFlow workers: Keras' fit fails under "
+            "MultiWorkerMirroredStrategy (keras-team/keras#20585). Use "
+            "KERAS_BACKEND=jax with get_distribution('data_parallel', "
+            "multi_host=True), or mode='tpu' on a TPU pod, or unset TF_CONFIG to "
+            f"train on this host only. Received: mode={mode!r}"
+        )
     if mode == "auto":
         if _tpu_hint() or tpu is not None:
             mode = "tpu"
-        elif _tf_config_workers() > 1:
-            mode = "multi_worker"
         elif devices is not None or len(tf.config.list_logical_devices("GPU")) > 1:
             mode = "mirrored"
         else:
@@ -305,9 +317,12 @@ def _tensorflow_setup(mode, tpu, devices):
     if mode == "tpu":
         strategy = _tf_tpu_strategy(tpu)
     elif mode == "mirrored":
+        if devices is None and not tf.config.list_logical_devices("GPU"):
+            # No GPU: the logical CPUs, when the CPU was split into several
+            # (TensorFlow itself would mirror over CPU:0 alone).
+            cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+            devices = cpus if len(cpus) > 1 else None
         strategy = tf.distribute.MirroredStrategy(devices=devices)
-    elif mode == "multi_worker":
-        strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()
     return DistributionSetup(
@@ -375,6 +390,10 @@ class _ViTModelParallel(keras.distribution.ModelParallel):
 
     def get_variable_layout(self, variable):
         layout = super().get_variable_layout(variable)
+        if not isinstance(layout, keras.distribution.TensorLayout):
+            # An existing variable's own, already resolved layout (Keras
+            # 3.10 returns it; optimizer slots ask with their variable).
+            return layout
         axes = tuple(layout.axes)
         mesh = dict(zip(self.device_mesh.axis_names, self.device_mesh.shape))
         for size, axis in zip(variable.shape, axes):

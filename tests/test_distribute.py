@@ -65,14 +65,29 @@ def test_unknown_mode_is_a_clear_error():
 def test_modes_of_other_backends_are_clear_errors():
     wrong = {
         "tensorflow": ["data_parallel", "model_parallel"],
-        "jax": ["mirrored", "multi_worker"],
-        "torch": ["tpu", "mirrored", "multi_worker", "data_parallel", "model_parallel"],
+        "jax": ["mirrored"],
+        "torch": ["tpu", "mirrored", "data_parallel", "model_parallel"],
     }[BACKEND]
     for mode in wrong:
         with pytest.raises(ValueError, match=f"mode='{mode}' is not available"):
             distribute.get_distribution(mode)
     with pytest.raises(ValueError, match="model_parallel_size"):
         distribute.get_distribution("none", model_parallel_size=2)
+    # Multi-worker TensorFlow is not offered (keras-team/keras#20585).
+    with pytest.raises(ValueError, match="mode='multi_worker'"):
+        distribute.get_distribution("multi_worker")
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="TF_CONFIG is read by TensorFlow only")
+def test_several_tensorflow_workers_are_refused_with_advice(monkeypatch):
+    """`fit` cannot run under MultiWorkerMirroredStrategy; a TF_CONFIG with
+    two workers must not silently train two separate models."""
+    config = {"cluster": {"worker": ["localhost:1", "localhost:2"]}, "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(config))
+    for mode in ("auto", "mirrored", "none"):
+        with pytest.raises(RuntimeError, match="keras-team/keras#20585") as info:
+            distribute.get_distribution(mode)
+        assert "multi_host=True" in str(info.value) and f"mode={mode!r}" in str(info.value)
 
 
 def test_tpu_without_a_tpu_is_a_clear_error():
@@ -148,6 +163,32 @@ def _clipped_sgd():
     return training.MomentumSGD(0.05, accumulator_dtype="float32", global_clipnorm=1.0)
 
 
+def _scheduled_sgd(accumulation=None):
+    """Warmup + cosine, clipping active: with `accumulation=k`, micro-batches
+    of 1/k the size must give the same updates."""
+    schedule = training.WarmupDecay(0.05, total_steps=10, warmup_steps=2)
+    return training.MomentumSGD(
+        schedule, accumulator_dtype="float32", global_clipnorm=1.0,
+        gradient_accumulation_steps=accumulation,
+    )
+
+
+def _accumulation_report(setup, weights, x, y, report, name):
+    """Fits 3 epochs of 2 updates, each from 2 accumulated micro-batches of
+    8 under `setup`; stores the largest weight difference from one device
+    fed the whole batches of 16 without accumulation."""
+    none = distribute.DistributionSetup("none", keras.backend.backend())
+    whole, _ = _fit_losses(none, weights, x, y, _scheduled_sgd, batch_size=16)
+    model, _ = _fit_losses(setup, weights, x, y, lambda: _scheduled_sgd(2), batch_size=8)
+    report[name] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), whole.get_weights())
+    )
+    report[name + "_moved"] = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(whole.get_weights(), weights)
+    )
+    report[name + "_updates"] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 def _jax_child():
     import jax
 
@@ -157,6 +198,7 @@ def _jax_child():
     report["processes"] = jax.process_count()
     report["replicas"] = setup.num_replicas
     weights, x, y = _tiny_setup()
+    xa, ya = x[:32], y[:32]
     x, y = x[:16], y[:16]  # one step per epoch: three steps
 
     none = distribute.DistributionSetup("none", "jax")
@@ -186,10 +228,25 @@ def _jax_child():
     report["mp_weights_error"] = max(
         float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
     )
+    # Gradient accumulation (2 micro-batches of 8 rows over 8 devices, one
+    # row each) equals one device fed the whole batches of 16.
+    _accumulation_report(none, weights, xa, ya, report, "accum_single")
+    dp = distribute.get_distribution("data_parallel")
+    _accumulation_report(dp, weights, xa, ya, report, "accum_dp")
+    _accumulation_report(setup, weights, xa, ya, report, "accum_mp")
     shards = {}
     for variable in model.trainable_variables + model.optimizer.variables:
         value = variable.value
         shards[variable.path] = [list(value.shape), list(value.addressable_shards[0].data.shape)]
+    # A bfloat16 momentum buffer (the fine-tuning default) is sharded like
+    # its weight too.
+    with setup.scope():
+        finetuning = training.finetuning_optimizer(0.01, total_steps=10, warmup_steps=2)
+        finetuning.build(model.trainable_variables)
+    for variable in finetuning.variables:
+        if "trace" in variable.path:
+            value = variable.value
+            shards[variable.path] = [list(value.shape), list(value.addressable_shards[0].data.shape), str(value.dtype)]
     report["shards"] = shards
     print(json.dumps(report))
 
@@ -200,7 +257,7 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
         "_jax_child",
         {
             "KERAS_BACKEND": "jax",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": "localhost:23456",
             "KERAS_DISTRIBUTION_NUM_PROCESSES": "1",
             "KERAS_DISTRIBUTION_PROCESS_ID": "0",
@@ -213,6 +270,11 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
     np.testing.assert_allclose(report["data_parallel"], single, rtol=1e-5)
     np.testing.assert_allclose(report["model_parallel"], single, rtol=1e-5)
     assert report["dp_weights_error"] < 1e-5 and report["mp_weights_error"] < 1e-5
+    # Accumulated micro-batches == whole batches, on 1 and 8 devices, with
+    # the schedule advancing once per update (6 updates from 12 batches).
+    for name in ("accum_single", "accum_dp", "accum_mp"):
+        assert report[name] < 1e-5, (name, report[name])
+        assert report[name + "_updates"] == 6 and report[name + "_moved"] > 1e-2
 
     # Uneven batches: `predict` pads and slices.
     assert report["predict_rows"] == 100 and report["predict_error"] < 1e-5
@@ -229,7 +291,8 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
     assert shards[block + "MlpBlock_3/Dense_0/kernel"] == [[16, 32], [16, 8]]
     assert shards[block + "MlpBlock_3/Dense_1/kernel"] == [[32, 16], [8, 16]]
     slots = [p for p in shards if "Dense_0_kernel" in p and "trace" in p]
-    assert slots and all(shards[p] == [[16, 32], [16, 8]] for p in slots)
+    assert slots and all(shards[p][:2] == [[16, 32], [16, 8]] for p in slots)
+    assert any(shards[p][2:] == ["bfloat16"] for p in slots)
     replicated = (
         "embedding/kernel", "head/kernel", attention + "query/bias",
         "posembed_input/pos_embedding",
@@ -265,18 +328,6 @@ def _tf_child():
         cpu, [tf.config.LogicalDeviceConfiguration()] * 2
     )
     report = {}
-    # Without TF_CONFIG, MultiWorkerMirroredStrategy is a one-worker cluster
-    # (it must be created before other TensorFlow work).
-    workers = distribute.get_distribution("multi_worker")
-    with workers.scope():
-        dense = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-        dense.compile(optimizer=training.MomentumSGD(0.1), loss="mse")
-        dense.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
-    report["multi_worker"] = [
-        isinstance(workers.strategy, tf.distribute.MultiWorkerMirroredStrategy),
-        workers.num_replicas,
-    ]
-
     weights, x, y = _tiny_setup()
     x, y = x[:16], y[:16]
     none = distribute.get_distribution("none")
@@ -304,18 +355,12 @@ def _tf_child():
         got = setup.predict(model, rows, batch_size=4, verbose=0)
     report["predict_error"] = float(np.max(np.abs(got - model(rows))))
 
-    # Keras' gradient accumulation cannot run under tf.distribute: a clear
-    # error instead of TensorFlow's merge_call message.
-    with setup.scope():
-        model.compile(
-            optimizer=training.MomentumSGD(0.1, gradient_accumulation_steps=2),
-            loss=training.SigmoidCrossEntropy(),
-        )
-        try:
-            model.fit(x, y, batch_size=8, epochs=1, verbose=0)
-            report["accumulation"] = "no error"
-        except ValueError as error:
-            report["accumulation"] = str(error)
+    # Gradient accumulation under MirroredStrategy (Keras' own fails there:
+    # a cross-replica merge_call inside its cond) equals one device fed the
+    # whole batches.
+    _, xa, ya = _tiny_setup()
+    _accumulation_report(none, weights, xa[:32], ya[:32], report, "accum_single")
+    _accumulation_report(setup, weights, xa[:32], ya[:32], report, "accum_mirrored")
     report["predict_rows"] = int(got.shape[0])
 
     # A TPU name that does not answer: the error says so in one line.
@@ -337,7 +382,148 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
     np.testing.assert_allclose(report["mirrored"], single, rtol=1e-5)
     assert report["weights_error"] < 1e-5
     assert report["gradient_norm"] > 2.0  # clipping is active
-    assert report["multi_worker"] == [True, 1]
-    assert "gradient_accumulation_steps=2" in report["accumulation"]
+    for name in ("accum_single", "accum_mirrored"):
+        assert report[name] < 1e-5, (name, report[name])
+        assert report[name + "_updates"] == 6 and report[name + "_moved"] > 1e-2
     assert report["predict_rows"] == 7 and report["predict_error"] < 1e-5
     assert "No TPU" in report["tpu"] and "tpu='local'" in report["tpu"]
+
+
+# --------------------------------------------------------------------------
+# JAX: 2 real processes x 2 CPU devices == 1 process x 4 devices
+# --------------------------------------------------------------------------
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def _jax_hosts_child():
+    """One host of a multi-process run (or the single-process reference):
+    the paper's fine-tuning optimizer (bf16 momentum, clip 1.0, warmup +
+    cosine, 2 accumulated micro-batches), 6 micro-batches of 8 rows
+    (global), from a `tf.data` pipeline of global batches that Keras shards
+    per host: each process reads only its half of every batch."""
+    import jax
+    import tensorflow as tf
+
+    setup = distribute.get_distribution("data_parallel", multi_host=True)
+    index = jax.process_index()
+    weights, x, y = _tiny_setup()
+    dataset = tf.data.Dataset.from_tensor_slices((x[:48], y[:48])).batch(8)
+    with setup.scope():
+        model = keras_vit.ViT(None, **TINY)
+        model.set_weights(weights)
+        model.compile(
+            optimizer=training.finetuning_optimizer(
+                0.05, total_steps=4, warmup_steps=1, gradient_accumulation_steps=2
+            ),
+            loss=training.SigmoidCrossEntropy(),
+        )
+        history = model.fit(dataset, epochs=1, verbose=0)
+        host_batch = next(iter(setup.distribution.distribute_dataset(dataset)))[0].shape[0]
+    report = {
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
+        "local_devices": jax.local_device_count(),
+        "updates": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+        "host_batch": int(host_batch),
+        "loss": float(history.history["loss"][0]),
+    }
+    if index == 0:
+        np.savez(os.environ["KERAS_VIT_TEST_OUT"], *model.get_weights())
+    print(json.dumps(report))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution multi-host runs on JAX")
+def test_jax_two_processes_equal_one_process(tmp_path):
+    def launch(processes, index, devices, port, out):
+        env = child_env(
+            KERAS_BACKEND="jax",
+            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+            KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+            KERAS_DISTRIBUTION_NUM_PROCESSES=str(processes),
+            KERAS_DISTRIBUTION_PROCESS_ID=str(index),
+            KERAS_VIT_TEST_OUT=str(out),
+        )
+        code = "from tests.test_distribute import _jax_hosts_child; _jax_hosts_child()"
+        return subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+
+    def finish(process):
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, out[-2000:] + err[-4000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    port = _free_port()
+    # All three at once: the wall time is the slowest one's.
+    single = launch(1, 0, 4, _free_port(), tmp_path / "single.npz")
+    hosts = [launch(2, i, 2, port, tmp_path / "hosts.npz") for i in range(2)]
+    reports = [finish(p) for p in hosts]
+    single = finish(single)
+    loss = single.pop("loss")
+    assert single == {"processes": 1, "devices": 4, "local_devices": 4, "updates": 3, "host_batch": 8}
+    for report in reports:
+        assert report.pop("loss") == pytest.approx(loss, rel=1e-5)
+        assert report == {"processes": 2, "devices": 4, "local_devices": 2, "updates": 3, "host_batch": 4}
+    start = _tiny_setup()[0]
+    with np.load(tmp_path / "hosts.npz") as a, np.load(tmp_path / "single.npz") as b:
+        got, want = [a[k] for k in a.files], [b[k] for k in b.files]
+    assert max(float(np.max(np.abs(g - w))) for g, w in zip(got, want)) < 1e-5
+    assert max(float(np.max(np.abs(w - s))) for w, s in zip(want, start)) > 1e-2
+
+
+# --------------------------------------------------------------------------
+# The fine-tuning recipe end to end, with the smoke config's accumulation
+# --------------------------------------------------------------------------
+
+
+def _run_recipe(tmp_path, env, flags, split_cpus=False):
+    """`python -m recipes.finetune --smoke` in a fresh process (TensorFlow:
+    the CPU split into 2 logical devices first); returns summary.json."""
+    run_dir = tmp_path / "run"
+    argv = ["recipes.finetune", "--smoke", f"--run_dir={run_dir}", "--verbose=0", *flags]
+    code = "import runpy, sys\n"
+    if split_cpus:
+        code += (
+            "import tensorflow as tf\n"
+            "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+            "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+        )
+    code += f"sys.argv = {argv!r}\nrunpy.run_module('recipes.finetune', run_name='__main__')\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=child_env(**env), capture_output=True,
+        text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    with open(run_dir / "summary.json") as f:
+        return json.load(f)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow only")
+def test_finetune_recipe_mirrored_with_accumulation(tmp_path):
+    summary = _run_recipe(
+        tmp_path, {"KERAS_BACKEND": "tensorflow"}, ["--distribution=mirrored"], split_cpus=True
+    )
+    assert summary["distribution"] == "mirrored" and summary["replicas"] == 2
+    assert summary["accum_steps"] == 2 and summary["steps"] == summary["config"]["total_steps"]
+    assert 0.0 <= summary["accuracy"] <= 1.0
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX only")
+@pytest.mark.parametrize("mode, replicas", [("data_parallel", 8), ("model_parallel", 1)])
+def test_finetune_recipe_on_8_jax_devices_with_accumulation(tmp_path, mode, replicas):
+    # Micro-batches of 16 / 2 = 8 rows: one per device.
+    summary = _run_recipe(
+        tmp_path,
+        {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"},
+        [f"--distribution={mode}", "--batch_size=16"],
+    )
+    assert summary["distribution"] == mode and summary["replicas"] == replicas
+    assert summary["accum_steps"] == 2 and summary["steps"] == summary["config"]["total_steps"]

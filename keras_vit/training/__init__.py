@@ -14,9 +14,10 @@ from keras_vit.training.optimizers import (
     kernel_variables,
     pretraining_optimizer,
 )
-from keras_vit.training.schedules import WarmupDecay
+from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 
 __all__ = [
+    "AccumulationSchedule",
     "BackupAndResume",
     "DecoupledAdam",
     "MomentumSGD",

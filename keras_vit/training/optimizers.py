@@ -10,7 +10,8 @@ that matter for a faithful reproduction (measured differences are listed in
 * Keras `Adam`/`AdamW` add epsilon to the un-corrected `sqrt(v)`; optax and
   Flax add it to the bias-corrected one.
 * With `gradient_accumulation_steps=k` Keras evaluates the schedule at
-  micro-step counts; the original evaluates it once per real update.
+  micro-step counts, and its accumulation (a `cond` around a cross-replica
+  update) fails under `tf.distribute`.
 * Under `tf.distribute`, Keras clips each replica's gradient before the
   cross-replica sum, which is not the global norm of the summed gradient.
 * Excluding variables from weight decay by name pattern depends on the
@@ -18,25 +19,50 @@ that matter for a faithful reproduction (measured differences are listed in
 
 `MomentumSGD` and `DecoupledAdam` fix all of these; `finetuning_optimizer`
 and `pretraining_optimizer` assemble the paper's set-ups.
+
+Keras seams: everything goes through public `keras.optimizers.Optimizer`
+methods (`apply`, `build`, `update_step`, `add_variable*`, `iterations`)
+and `keras.distribution.distribution()`, except `_get_variable_index`, which every
+built-in Keras optimizer uses to find a variable's slots (under
+`tf.distribute`, `update_step` receives per-device copies that only Keras
+can map back); `tests/test_training.py` fails loudly if it changes.
 """
 
-import contextlib
-
 import keras
+import ml_dtypes
+import numpy as np
 from keras import ops
 
 from keras_vit import distribute
-from keras_vit.training.schedules import WarmupDecay
+from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 
 
 def _clip_by_global_norm(grads, max_norm):
     """optax.clip_by_global_norm: g if |g| < max_norm else g / |g| * max_norm."""
-    norm = ops.sqrt(sum(ops.sum(ops.square(ops.cast(g, "float32"))) for g in grads))
+    norm = ops.sqrt(
+        sum(ops.sum(ops.square(ops.cast(g, "float32"))) for g in grads if g is not None)
+    )
     clipped = []
     for g in grads:
+        if g is None:
+            clipped.append(None)
+            continue
         scaled = ops.multiply(ops.divide(g, ops.cast(norm, g.dtype)), max_norm)
         clipped.append(ops.where(norm < max_norm, g, scaled))
     return clipped
+
+
+def _rounded(value, dtype):
+    """`value` rounded to `dtype`, as a Python float.
+
+    optax multiplies a low-precision buffer by a Python float, which JAX
+    rounds to the buffer's dtype (bf16(0.9) = 0.8984375); the product itself
+    is formed in float32 under `jit` (XLA keeps the excess precision).
+    Rounding the factor here, on the host, keeps XLA from folding the
+    rounding away.
+    """
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    return float(np.asarray(value, np.float64).astype(dtype).astype(np.float64))
 
 
 def kernel_variables(model):
@@ -46,8 +72,8 @@ def kernel_variables(model):
     kernels of the patch embedding, attention, MLP, pre-logits and head (and
     of convolutions in hybrids). Biases, LayerNorm/GroupNorm scales and
     offsets, the class token and the position embedding are left alone.
-    The kernels are found as the `kernel` attribute of each layer, i.e. by
-    variable object, which does not depend on the backend's variable names.
+    Keras names every such weight `kernel` on all backends, so the same rule
+    applies to `model.trainable_variables`.
 
     Args:
         model: a built `keras.Model` (or layer).
@@ -60,46 +86,94 @@ def kernel_variables(model):
             "`kernel_variables` needs a built model (its variables must exist). "
             f"Received: model={model!r} with built=False"
         )
-    found, seen = [], set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        kernel = getattr(layer, "_kernel", None)
-        if not isinstance(kernel, keras.Variable):
-            kernel = getattr(layer, "kernel", None)
-        if isinstance(kernel, keras.Variable) and kernel.trainable:
-            if id(kernel) not in seen:
-                seen.add(id(kernel))
-                found.append(kernel)
-    return found
+    return [v for v in model.trainable_variables if v.name == "kernel"]
 
 
 class _DecaySelection:
-    """The variables to decay (as given) and their keys once built."""
+    """The variables to decay, as given (not tracked by Keras)."""
 
     def __init__(self, spec):
-        self.spec = spec
-        self.keys = None
+        self.spec = None if spec is None else tuple(spec)
 
 
 class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
     """Shared behaviour of the optimizers below (not exported).
 
-    * The schedule is evaluated at the number of real updates
-      (`iterations // gradient_accumulation_steps`).
+    * Gradient accumulation without `cond`: every micro-batch runs the same
+      program, and the update is selected with `where` (as Keras' own JAX
+      accumulation does), so it works inside `tf.distribute` replicas,
+      `TPUStrategy` and JAX distributions alike. The schedule and Adam's bias
+      correction count real updates (`iterations`).
     * `global_clipnorm` clips the global norm of the gradient summed over
       replicas (sum first, then clip), also under `tf.distribute`.
     * Weight decay (decoupled, multiplied by the learning rate, as Keras
       `AdamW`) applies to `decay_variables` only.
+
+    Keras' own clipping, decay and accumulation are left switched off (they
+    would act at the wrong place: before the cross-replica sum, on every
+    micro-batch): `clip_global_norm`, `decoupled_weight_decay` and
+    `accumulation_steps` hold the values, `get_config` stores them under
+    Keras' argument names.
     """
 
-    def __init__(self, learning_rate, decay_variables=None, **kwargs):
+    def __init__(
+        self,
+        learning_rate,
+        decay_variables=None,
+        global_clipnorm=None,
+        gradient_accumulation_steps=None,
+        weight_decay=None,
+        **kwargs,
+    ):
+        if gradient_accumulation_steps is not None and (
+            not isinstance(gradient_accumulation_steps, int)
+            or isinstance(gradient_accumulation_steps, bool)
+            or gradient_accumulation_steps < 1
+        ):
+            raise ValueError(
+                "`gradient_accumulation_steps` must be a positive int or None. "
+                f"Received: gradient_accumulation_steps={gradient_accumulation_steps!r}"
+            )
+        steps = gradient_accumulation_steps if gradient_accumulation_steps != 1 else None
+        if steps and isinstance(
+            learning_rate, keras.optimizers.schedules.LearningRateSchedule
+        ):
+            # Keras calls the schedule with its count of `apply` calls
+            # (micro-batches); the original evaluates it once per update.
+            if not isinstance(learning_rate, AccumulationSchedule):
+                learning_rate = AccumulationSchedule(learning_rate, steps)
+            elif learning_rate.accumulation_steps != steps:
+                raise ValueError(
+                    "The learning-rate schedule counts "
+                    f"{learning_rate.accumulation_steps} micro-batches per update, "
+                    "the optimizer accumulates "
+                    f"{steps}. Received: gradient_accumulation_steps={steps}"
+                )
         super().__init__(learning_rate=learning_rate, **kwargs)
-        if self.weight_decay and decay_variables is None:
+        if global_clipnorm is not None and (
+            not isinstance(global_clipnorm, (int, float)) or global_clipnorm <= 0
+        ):
+            raise ValueError(
+                "`global_clipnorm` must be a positive float or None. "
+                f"Received: global_clipnorm={global_clipnorm!r}"
+            )
+        self.accumulation_steps = steps
+        self.clip_global_norm = None if global_clipnorm is None else float(global_clipnorm)
+        if weight_decay is not None and (
+            not isinstance(weight_decay, (int, float)) or weight_decay < 0
+        ):
+            raise ValueError(
+                "`weight_decay` must be a non-negative float or None. "
+                f"Received: weight_decay={weight_decay!r}"
+            )
+        self.decoupled_weight_decay = weight_decay
+        if weight_decay and decay_variables is None:
             raise ValueError(
                 "With `weight_decay`, pass the variables to decay explicitly: "
                 "`decay_variables=keras_vit.training.kernel_variables(model)` "
                 "for the original's choice (kernels only), or "
                 "`model.trainable_variables` to decay everything. "
-                f"Received: weight_decay={self.weight_decay}, decay_variables=None"
+                f"Received: weight_decay={weight_decay}, decay_variables=None"
             )
         if decay_variables is not None:
             decay_variables = list(decay_variables)
@@ -110,41 +184,49 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                         "their exact `.path` strings, as in a saved config). "
                         f"Received an item {item!r} of type {type(item).__name__}"
                     )
-        # Held in a plain object: a list of model variables assigned to an
-        # optimizer attribute would be tracked as optimizer state.
+        # Held in a plain object: model variables assigned to an optimizer
+        # attribute (even in a tuple) would be tracked as optimizer state.
         self._decay = _DecaySelection(decay_variables)
+        self._decayed = ()
+
+    @property
+    def iterations(self):
+        """The number of updates (micro-batches // `accumulation_steps`)."""
+        calls = super().iterations
+        if self.accumulation_steps:
+            return ops.floor_divide(calls, self.accumulation_steps)
+        return calls
 
     def build(self, variables):
-        super().build(variables)
-        if self._decay.spec is None:
+        if self.built:
             return
+        variables = list(variables)
+        if self.decoupled_weight_decay:
+            self._decayed = self._select_decayed(variables)
+        super().build(variables)
+        self._accumulators = (
+            [self.add_variable_from_reference(v, name="accumulator") for v in variables]
+            if self.accumulation_steps
+            else []
+        )
+
+    def _select_decayed(self, variables):
         by_path = {v.path: v for v in variables}
-        known = {self._var_key(v) for v in variables}
-        keys, unknown = set(), []
+        known = {id(v) for v in variables}
+        chosen, unknown = set(), []
         for item in self._decay.spec:
-            if isinstance(item, str):
-                variable = by_path.get(item)
-                if variable is None:
-                    unknown.append(item)
-                    continue
-            else:
-                variable = item
-            key = self._var_key(variable)
-            if key not in known:
-                unknown.append(variable.path)
-            keys.add(key)
+            variable = by_path.get(item) if isinstance(item, str) else item
+            if variable is None or id(variable) not in known:
+                unknown.append(item if isinstance(item, str) else item.path)
+                continue
+            chosen.add(id(variable))
         if unknown:
             raise ValueError(
                 "`decay_variables` holds variables this optimizer does not "
                 "train (frozen, or from another model). "
                 f"Received: {unknown[:5]}{' ...' if len(unknown) > 5 else ''}"
             )
-        self._decay.keys = keys
-
-    def _use_weight_decay(self, variable):
-        if self._decay.keys is None:
-            return self._decay.spec is None
-        return self._var_key(variable) in self._decay.keys
+        return tuple(id(v) in chosen for v in variables)
 
     def exclude_from_weight_decay(self, var_list=None, var_names=None):
         raise NotImplementedError(
@@ -153,59 +235,102 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
         )
 
     def apply(self, grads, trainable_variables=None):
-        if self.gradient_accumulation_steps and distribute._tf_replica_context():
-            # Keras accumulates inside a `cond` whose update branch has a
-            # cross-replica `merge_call`, which tf.distribute refuses.
-            raise ValueError(
-                "`gradient_accumulation_steps` does not work under a "
-                "tf.distribute strategy with several replicas in Keras 3 "
-                "(the TensorFlow backend cannot synchronise replicas inside "
-                "the accumulation's `cond`). Use a global batch that fits the "
-                "replicas, or the JAX backend. Received: "
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps}"
-            )
+        """Accumulates and clips, then hands the update to Keras.
+
+        Under `tf.distribute` the micro-batch gradients are summed across
+        replicas first (the state is then the same on every replica); the
+        result is handed on from the first replica only, so that Keras'
+        own cross-replica sum returns it unchanged.
+        """
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            if not self.built:
+                self.build(trainable_variables)
+        if not self.accumulation_steps and not self.clip_global_norm:
+            return super().apply(grads, trainable_variables)
+        context = distribute._tf_replica_context()
+        if context is not None:
+            present = [i for i, g in enumerate(grads) if g is not None]
+            summed = context.all_reduce("sum", [grads[i] for i in present])
+            for i, g in zip(present, summed):
+                grads[i] = g
+        if self.accumulation_steps:
+            if trainable_variables is None:
+                indices = range(len(grads))
+            else:
+                indices = [self._get_variable_index(v) for v in trainable_variables]
+            totals = [
+                None if g is None else ops.add(self._accumulators[i], g)
+                for i, g in zip(indices, grads)
+            ]
+            means = [None if t is None else t / self.accumulation_steps for t in totals]
+            if self.clip_global_norm:
+                means = _clip_by_global_norm(means, self.clip_global_norm)
+            # On a micro-step update_step stores the running total; on an
+            # update step it applies the (clipped) mean.
+            is_update = self._is_update_step()
+            grads = [
+                None if t is None else ops.where(is_update, m, t)
+                for m, t in zip(means, totals)
+            ]
+        else:
+            grads = _clip_by_global_norm(grads, self.clip_global_norm)
+        if context is not None:
+            first = ops.equal(context.replica_id_in_sync_group, 0)
+            grads = [
+                None if g is None else ops.where(first, g, ops.zeros_like(g))
+                for g in grads
+            ]
         return super().apply(grads, trainable_variables)
 
-    def _get_current_learning_rate(self):
-        if isinstance(
-            self._learning_rate, keras.optimizers.schedules.LearningRateSchedule
-        ):
-            # `iterations` is the number of real updates (micro-steps // k).
-            return self._learning_rate(self.iterations)
-        return super()._get_current_learning_rate()
+    def _is_update_step(self):
+        """Whether the current `apply` call updates the weights (a boolean
+        tensor), or None without accumulation."""
+        if not self.accumulation_steps:
+            return None
+        calls = super().iterations  # `apply` calls so far
+        return ops.equal(ops.mod(calls + 1, self.accumulation_steps), 0)
 
-    def _clip_gradients(self, grads):
-        if not self.global_clipnorm or self.global_clipnorm <= 0:
-            return super()._clip_gradients(grads)
-        context = distribute._tf_replica_context()
-        if context is None:
-            return _clip_by_global_norm(grads, self.global_clipnorm)
-        # tf.distribute: each replica holds a share of the gradient and the
-        # update step sums them afterwards. Clip the sum, then hand each
-        # replica 1/n of it so that the later sum is the clipped sum.
-        replicas = context.num_replicas_in_sync
-        summed = context.all_reduce("sum", list(grads))
-        clipped = _clip_by_global_norm(summed, self.global_clipnorm)
-        return [g / replicas for g in clipped]
+    def _prepare_update(self, gradient, variable):
+        """`(index, gradient, is_update)` for `update_step`: stores the
+        running total on accumulation micro-steps."""
+        index = self._get_variable_index(variable)
+        is_update = self._is_update_step()
+        if is_update is not None:
+            accumulator = self._accumulators[index]
+            self.assign(
+                accumulator,
+                ops.where(is_update, ops.zeros_like(gradient), gradient),
+            )
+        return index, ops.cast(gradient, variable.dtype), is_update
+
+    def _finish_update(self, index, variable, step, learning_rate, is_update):
+        """`variable -= step` (plus the decoupled decay), on update steps."""
+        dtype = variable.dtype
+        learning_rate = ops.cast(learning_rate, dtype)
+        new = variable
+        if self._decayed and self._decayed[index]:
+            # Keras AdamW's order: decay first, then the update.
+            decay = ops.cast(self.decoupled_weight_decay, dtype)
+            new = ops.subtract(new, ops.multiply(ops.multiply(new, decay), learning_rate))
+        new = ops.subtract(new, step)
+        self.assign(variable, _select(is_update, new, variable))
 
     def _slot(self, reference, name, dtype):
         """An optimizer variable shaped like `reference`, in `dtype`."""
         dtype = keras.backend.standardize_dtype(dtype or reference.dtype)
-        if dtype == reference.dtype:
+        if dtype == keras.backend.standardize_dtype(reference.dtype):
             return self.add_variable_from_reference(reference, name=name)
-        strategy = getattr(self, "_distribution_strategy", None)  # TF only
-        colocate = (
-            strategy.extended.colocate_vars_with(reference.value)
-            if strategy is not None
-            else contextlib.nullcontext()
+        # A JAX distribution shards the slot like its variable.
+        distribution = keras.distribution.distribution()
+        layout = None if distribution is None else distribution.get_variable_layout(reference)
+        return self.add_variable(
+            shape=reference.shape,
+            dtype=dtype,
+            name=f"{reference.path.replace('/', '_')}_{name}",
+            layout=layout,
         )
-        with colocate:
-            return self.add_variable(
-                shape=reference.shape,
-                dtype=dtype,
-                name=f"{reference.path.replace('/', '_')}_{name}",
-                layout=getattr(reference, "_layout", None),
-            )
 
     def get_config(self):
         config = super().get_config()
@@ -213,7 +338,17 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
         config["decay_variables"] = (
             None if spec is None else [v if isinstance(v, str) else v.path for v in spec]
         )
+        config["global_clipnorm"] = self.clip_global_norm
+        config["weight_decay"] = self.decoupled_weight_decay
+        config["gradient_accumulation_steps"] = self.accumulation_steps
         return config
+
+
+def _select(is_update, new, old):
+    """`new` on update steps, `old` on accumulation micro-steps."""
+    if is_update is None:
+        return new
+    return ops.where(is_update, new, ops.convert_to_tensor(old))
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -287,18 +422,20 @@ class MomentumSGD(_OriginalOrderOptimizer):
         self._traces = [
             self._slot(v, "trace", self.accumulator_dtype) for v in variables
         ]
+        self._trace_factor = _rounded(self.momentum, self.accumulator_dtype)
 
     def update_step(self, gradient, variable, learning_rate):
-        trace = self._traces[self._get_variable_index(variable)]
-        dtype = variable.dtype
-        gradient = ops.cast(gradient, dtype)
-        # As optax.trace: the factor multiplies the buffer in the buffer's
-        # dtype; the new trace is formed (and used) in the gradient's dtype
-        # and only then rounded for storage.
-        decayed = ops.multiply(trace, ops.cast(self.momentum, trace.dtype))
-        new_trace = ops.add(gradient, ops.cast(decayed, dtype))
-        self.assign(trace, ops.cast(new_trace, trace.dtype))
-        self.assign_sub(variable, ops.multiply(ops.cast(learning_rate, dtype), new_trace))
+        index, gradient, is_update = self._prepare_update(gradient, variable)
+        trace = self._traces[index]
+        # optax.trace: `trace = g + momentum * trace`, the product formed in
+        # float32 (as XLA runs the original under jit) from the stored
+        # buffer and the factor rounded to the buffer's dtype; the new trace
+        # is used unrounded and only rounded for storage.
+        decayed = ops.multiply(ops.cast(trace, gradient.dtype), self._trace_factor)
+        new_trace = ops.add(gradient, decayed)
+        self.assign(trace, _select(is_update, ops.cast(new_trace, trace.dtype), trace))
+        step = ops.multiply(ops.cast(learning_rate, gradient.dtype), new_trace)
+        self._finish_update(index, variable, step, learning_rate, is_update)
 
     def get_config(self):
         config = super().get_config()
@@ -383,25 +520,28 @@ class DecoupledAdam(_OriginalOrderOptimizer):
         super().build(variables)
         self._mu = [self._slot(v, "mu", self.first_moment_dtype) for v in variables]
         self._nu = [self._slot(v, "nu", None) for v in variables]
+        self._mu_factor = _rounded(self.beta_1, self.first_moment_dtype)
 
     def update_step(self, gradient, variable, learning_rate):
-        index = self._get_variable_index(variable)
+        index, gradient, is_update = self._prepare_update(gradient, variable)
         mu, nu = self._mu[index], self._nu[index]
-        dtype = variable.dtype
-        gradient = ops.cast(gradient, dtype)
+        dtype = gradient.dtype
         count = ops.cast(self.iterations + 1, dtype)
         b1, b2 = self.beta_1, self.beta_2
-        decayed_mu = ops.multiply(mu, ops.cast(b1, mu.dtype))
-        new_mu = ops.add(ops.multiply(1.0 - b1, gradient), ops.cast(decayed_mu, dtype))
+        # optax.scale_by_adam: `(1 - b1) * g + b1 * mu`, the product in
+        # float32 from the stored moment (see MomentumSGD.update_step).
+        decayed_mu = ops.multiply(ops.cast(mu, dtype), self._mu_factor)
+        new_mu = ops.add(ops.multiply(1.0 - b1, gradient), decayed_mu)
         new_nu = ops.add(
             ops.multiply(1.0 - b2, ops.square(gradient)), ops.multiply(b2, nu)
         )
         mu_hat = ops.divide(new_mu, 1.0 - ops.power(ops.cast(b1, dtype), count))
         nu_hat = ops.divide(new_nu, 1.0 - ops.power(ops.cast(b2, dtype), count))
         update = ops.divide(mu_hat, ops.add(ops.sqrt(nu_hat), self.epsilon))
-        self.assign(mu, ops.cast(new_mu, mu.dtype))
-        self.assign(nu, new_nu)
-        self.assign_sub(variable, ops.multiply(ops.cast(learning_rate, dtype), update))
+        self.assign(mu, _select(is_update, ops.cast(new_mu, mu.dtype), mu))
+        self.assign(nu, _select(is_update, new_nu, nu))
+        step = ops.multiply(ops.cast(learning_rate, dtype), update)
+        self._finish_update(index, variable, step, learning_rate, is_update)
 
     def get_config(self):
         config = super().get_config()

@@ -103,3 +103,56 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
             "linear_end": self.linear_end,
             "name": self.name,
         }
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AccumulationSchedule(keras.optimizers.schedules.LearningRateSchedule):
+    """A schedule evaluated once per update under gradient accumulation.
+
+    Keras calls an optimizer's schedule with its number of `apply` calls,
+    i.e. of micro-batches. With `accumulation_steps=k` micro-batches per
+    update, the original (vit_jax's `accumulate_gradient`) evaluates its
+    schedule at the update count: this calls `schedule(step // k)`. The
+    update at micro-batch `(u + 1) * k - 1` thus uses `schedule(u)`.
+    `MomentumSGD`/`DecoupledAdam` wrap their schedule in it themselves when
+    given `gradient_accumulation_steps=k`.
+
+    Args:
+        schedule: a `LearningRateSchedule` written in updates (e.g.
+            `WarmupDecay`).
+        accumulation_steps: int >= 1. Micro-batches per update.
+    """
+
+    def __init__(self, schedule, accumulation_steps):
+        super().__init__()
+        if not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError(
+                "`schedule` must be a `keras.optimizers.schedules.LearningRateSchedule`. "
+                f"Received: schedule={schedule!r}"
+            )
+        if (
+            not isinstance(accumulation_steps, int)
+            or isinstance(accumulation_steps, bool)
+            or accumulation_steps < 1
+        ):
+            raise ValueError(
+                "`accumulation_steps` must be a positive int. "
+                f"Received: accumulation_steps={accumulation_steps!r}"
+            )
+        self.schedule = schedule
+        self.accumulation_steps = accumulation_steps
+
+    def __call__(self, step):
+        return self.schedule(ops.floor_divide(step, self.accumulation_steps))
+
+    def get_config(self):
+        return {
+            "schedule": keras.optimizers.schedules.serialize(self.schedule),
+            "accumulation_steps": self.accumulation_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["schedule"] = keras.optimizers.schedules.deserialize(config["schedule"])
+        return cls(**config)
