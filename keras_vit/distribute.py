@@ -412,6 +412,13 @@ class _ViTModelParallel(keras.distribution.ModelParallel):
 
 def _jax_setup(mode, devices, model_parallel_size, multi_host):
     if multi_host:
+        import jax
+
+        # CPU hosts need a cross-process collective implementation; JAX
+        # before 0.5 has none by default ("Multiprocess computations aren't
+        # implemented on the CPU backend"). Accelerators are not affected.
+        if jax.config.values.get("jax_cpu_collectives_implementation") == "none":
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
         keras.distribution.initialize()
     if mode == "tpu":
         try:
