@@ -173,13 +173,22 @@ def parse(argv, configs, *, prog, description, aliases=None):
     return args.config, config, bool(args.smoke)
 
 
+def one_line(error, details=3):
+    """A message on one line: a multi-line message (e.g. the weight loader's
+    list of mismatches) keeps its first `details` lines after the first."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) <= details + 1:
+        return "; ".join(lines)
+    return "; ".join(lines[: details + 1]) + f"; ... ({len(lines) - details - 1} more lines)"
+
+
 def run_command(main):
     """Runs a recipe's `main()` as a command: an expected failure prints one
     `error:` line and exits with status 2."""
     try:
         return main()
     except RecipeError as error:
-        sys.stderr.write(f"error: {error}\n")
+        sys.stderr.write(f"error: {one_line(error)}\n")
         sys.exit(2)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted: the same command resumes from the last checkpoint\n")

@@ -69,7 +69,7 @@ def open_run_dir(config, recipe, config_name):
 
     A run directory holds one run: started again with the same config it
     resumes; with a different config it is an error naming the fields,
-    unless `overwrite` is set.
+    unless `overwrite` is set or nothing was written there but the config.
     """
     run_dir = config.run_dir or os.path.join("runs", recipe, config_name or "custom")
     config.run_dir = run_dir
@@ -79,7 +79,10 @@ def open_run_dir(config, recipe, config_name):
         shutil.rmtree(run_dir)
         saved = None
     current = jsonable(config)
-    if saved is not None:
+    # A directory where nothing ran yet (a start that failed its checks)
+    # takes the new config.
+    started = saved is not None and any(name != "config.json" for name in os.listdir(run_dir))
+    if started:
         before = saved.get("config", {})
         changed = sorted(
             k for k in set(before) | set(current)
