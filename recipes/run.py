@@ -241,22 +241,45 @@ def cache_setting(config):
 
 
 @contextlib.contextmanager
-def stand_in_data(config, smoke):
-    """`--smoke` on a tfds dataset: every tfds dataset is replaced by
-    generated examples (`keras_vit.data.testing.mock_tfds`)."""
-    dataset = getattr(config, "dataset", None)
-    if not smoke or (dataset and (_looks_like_path(dataset) or os.path.isdir(dataset))):
+def _fast_jax_compiles():
+    """On JAX, XLA's optimisation passes cost more than they save on the
+    tiny smoke models (seconds per compilation, one per task and head size)."""
+    import keras
+
+    if keras.backend.backend() != "jax":
         yield
         return
-    from keras_vit.data import testing
+    import jax
 
-    with testing.mock_tfds() as manual_dir:
-        previous = config.manual_dir
-        config.manual_dir = previous or manual_dir
-        try:
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+@contextlib.contextmanager
+def smoke_mode(config, smoke):
+    """`--smoke`: fast compilations and, for a tfds dataset, every tfds
+    dataset replaced by generated examples (`keras_vit.data.testing`)."""
+    if not smoke:
+        yield
+        return
+    dataset = getattr(config, "dataset", None)
+    with _fast_jax_compiles():
+        if dataset and (_looks_like_path(dataset) or os.path.isdir(dataset)):
             yield
-        finally:
-            config.manual_dir = previous
+            return
+        from keras_vit.data import testing
+
+        with testing.mock_tfds() as manual_dir:
+            previous = config.manual_dir
+            config.manual_dir = previous or manual_dir
+            try:
+                yield
+            finally:
+                config.manual_dir = previous
 
 
 def steps_from_epochs(epochs, num_examples, batch_size):
@@ -727,7 +750,7 @@ def run_recipe(recipe, config, config_name, *, smoke, body, title, summary_keys)
     setup = set_up(config)
     check_batches(config, setup)
     header = start_header(recipe, run_dir, setup, config)
-    with stand_in_data(config, smoke):
+    with smoke_mode(config, smoke):
         result = body(run_dir, setup, header)
     summary = {
         "recipe": recipe,

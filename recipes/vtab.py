@@ -357,7 +357,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
         ])
     model_label = f"{config.model or 'ViT'} ({config.weights or 'random init'})"
     failed = []
-    with skeleton.stand_in_data(config, smoke):
+    with skeleton.smoke_mode(config, smoke):
         for index, task in enumerate(tasks):
             task_dir = os.path.join(run_dir, "tasks", task.key)
             result_path = os.path.join(task_dir, TASK_RESULT)
