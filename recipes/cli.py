@@ -173,6 +173,15 @@ def parse(argv, configs, *, prog, description, aliases=None):
     return args.config, config, bool(args.smoke)
 
 
+def check_choice(config, field, choices):
+    """`config.<field>` must be one of `choices`, else an expected failure
+    naming the flag."""
+    value = getattr(config, field)
+    if value not in choices:
+        raise RecipeError(f"--{field} must be one of {list(choices)}. Received: --{field}={value}")
+    return value
+
+
 def one_line(error, details=3):
     """A message on one line: a multi-line message (e.g. the weight loader's
     list of mismatches) keeps its first `details` lines after the first."""

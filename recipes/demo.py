@@ -24,6 +24,7 @@ pipeline), this demo does what the paper does at scale:
 
     python -m recipes.demo                     # or: bash scripts/demo.sh
     python -m recipes.demo --finetune_steps=100  # any field is a flag
+    python -m recipes.demo --smoke               # seconds: a tiny ViT, 4 + 4 updates
 
 Everything stays in `--run_dir` (default runs/demo): `data/` (the PNGs),
 `pretrain/` and `finetune/` (checkpoints, logs/ for TensorBoard, history.csv,

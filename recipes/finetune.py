@@ -137,10 +137,7 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, header=()
             eval_source, training=False, batch_size=batch_size, image_size=config.image_size, cache=cache,
         )
 
-    header = [*header, "  data: " + ", ".join(
-        [skeleton.describe_split("train", train_split, train_source)]
-        + ([skeleton.describe_split("evaluation", eval_split, eval_source)] if eval_source else [])
-    )]
+    header = [*header, skeleton.data_line(train_split, train_source, eval_split, eval_source)]
     result = fit_one(
         config, run_dir=run_dir, setup=setup, train_data=train_data,
         eval_data=eval_data if eval_source is not None else None, num_classes=train_source.num_classes,

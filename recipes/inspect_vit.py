@@ -118,8 +118,7 @@ def run(config, config_name=None, smoke=False):
     import keras_vit
     from keras_vit import inspect as vit_inspect
 
-    if config.format not in configs.FORMATS:
-        raise cli.RecipeError(f"--format must be one of {configs.FORMATS}. Received: --format={config.format}")
+    cli.check_choice(config, "format", configs.FORMATS)
     if config.images is None and not smoke:
         raise cli.RecipeError("give --images: a folder of images (or --smoke).")
     keras.utils.set_random_seed(config.seed)

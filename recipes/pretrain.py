@@ -70,14 +70,9 @@ def build_model(config, num_classes):
 
 
 def check(config):
-    if config.loss not in configs.LOSSES:
-        raise cli.RecipeError(f"--loss must be one of {configs.LOSSES}. Received: --loss={config.loss}")
-    if config.augmentation not in configs.AUGMENTATIONS:
-        raise cli.RecipeError(
-            f"--augmentation must be one of {configs.AUGMENTATIONS}. Received: --augmentation={config.augmentation}"
-        )
-    if config.augreg not in configs.AUGREG:
-        raise cli.RecipeError(f"--augreg must be one of {list(configs.AUGREG)}. Received: --augreg={config.augreg}")
+    cli.check_choice(config, "loss", configs.LOSSES)
+    cli.check_choice(config, "augmentation", configs.AUGMENTATIONS)
+    cli.check_choice(config, "augreg", configs.AUGREG)
     if config.augmentation != "inception_crop" and config.augreg != "none":
         raise cli.RecipeError(
             "AugReg presets (RandAugment, mixup) come with the inception_crop pipeline. "
@@ -151,10 +146,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
             skeleton.compile_model(model, optimizer, loss_class(label_smoothing=effective.label_smoothing), effective)
             return model, notes
 
-        header = [*header, "  data: " + ", ".join(
-            [skeleton.describe_split("train", config.train_split, train_source)]
-            + ([skeleton.describe_split("evaluation", config.test_split, eval_source)] if eval_source else [])
-        )]
+        header = [*header, skeleton.data_line(config.train_split, train_source, config.test_split, eval_source)]
         result = skeleton.train_and_evaluate(
             effective, run_dir=run_dir, setup=setup, build=build, train_data=train_data,
             eval_data=eval_data if eval_source is not None else None, eval_label=repr(config.test_split),

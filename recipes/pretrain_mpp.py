@@ -113,16 +113,9 @@ def input_size(config):
 
 
 def check(config):
-    if config.target not in configs.TARGETS:
-        raise cli.RecipeError(f"--target must be one of {configs.TARGETS}. Received: --target={config.target}")
-    if config.quantization not in configs.QUANTIZATIONS:
-        raise cli.RecipeError(
-            f"--quantization must be one of {configs.QUANTIZATIONS}. Received: --quantization={config.quantization}"
-        )
-    if config.class_token not in configs.CLASS_TOKEN:
-        raise cli.RecipeError(
-            f"--class_token must be one of {list(configs.CLASS_TOKEN)}. Received: --class_token={config.class_token}"
-        )
+    cli.check_choice(config, "target", configs.TARGETS)
+    cli.check_choice(config, "quantization", configs.QUANTIZATIONS)
+    cli.check_choice(config, "class_token", configs.CLASS_TOKEN)
     if not config.dataset:
         raise cli.RecipeError("give --dataset: a tfds name, a folder of images, or synthetic (or --smoke).")
     input_size(config)
@@ -166,7 +159,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                     shuffle_buffer=config.shuffle_buffer, cache=skeleton.cache_setting(config), seed=config.seed,
                 ).map(lambda images, labels: images)
 
-            header = [*header, "  data: " + skeleton.describe_split("train", config.train_split, source)]
+            header = [*header, skeleton.data_line(config.train_split, source)]
 
         def build():
             backbone = skeleton.build_vit(config, include_top=False, input_shape=(height, width, 3))

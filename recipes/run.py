@@ -287,9 +287,17 @@ def steps_from_epochs(epochs, num_examples, batch_size):
     return max(1, int(round(epochs * num_examples / batch_size)))
 
 
-def describe_split(label, split, source):
-    size = f"{source.num_examples:,} examples" if source.num_examples else "size unknown"
-    return f"{label} {split!r} ({size}, {source.num_classes} classes)"
+def data_line(train_split, train_source, eval_split=None, eval_source=None):
+    """The header's line about the data: splits, sizes, classes."""
+
+    def describe(label, split, source):
+        size = f"{source.num_examples:,} examples" if source.num_examples else "size unknown"
+        return f"{label} {split!r} ({size}, {source.num_classes} classes)"
+
+    parts = [describe("train", train_split, train_source)]
+    if eval_source is not None:
+        parts.append(describe("evaluation", eval_split, eval_source))
+    return "  data: " + ", ".join(parts)
 
 
 # ---------------------------------------------------------------------------

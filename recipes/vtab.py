@@ -116,10 +116,7 @@ def check_config(config):
     """Fails fast on settings that would make every task fail."""
     from keras_vit.data import vtab
 
-    if config.paper_model not in vtab.PAPER_MODELS:
-        raise cli.RecipeError(
-            f"--paper_model must be one of {vtab.PAPER_MODELS}. Received: --paper_model={config.paper_model}"
-        )
+    cli.check_choice(config, "paper_model", vtab.PAPER_MODELS)
     if config.sweep:
         if len(config.steps_grid) != len(config.warmup_grid):
             raise cli.RecipeError(
