@@ -160,8 +160,6 @@ def run(demo):
 
     print(f"\n== Fine-tuning at {demo.finetune_size} px from {weights}", flush=True)
     downstream = finetune.run(finetune_config(demo, data_dir, weights), "demo")
-    for note in downstream.get("notes", []):
-        print(f"  weights: {note}")
     wall = time.perf_counter() - start
     if wall < 0.5 * downstream["total_wall_time_s"]:
         print(f"\n(Results of an earlier demo in {demo.run_dir}; --overwrite trains again.)")

@@ -13,7 +13,7 @@ instead (lr {0.001, 0.003, 0.01, 0.03} x {500, 2,500} updates on
     python -m recipes.vtab --model=ViT-L_16 --weights=imagenet21k      # all 19 tasks
     python -m recipes.vtab --tasks=clevr_count                          # one task
     python -m recipes.vtab --tasks=structured --config=augreg           # the sweep, a group
-    python -m recipes.vtab --smoke                                      # seconds, mock data
+    python -m recipes.vtab --smoke                                      # generated data, ~2.5 min on 2 busy cores
 
 Resumable per task: a finished task is skipped when the command runs again,
 an interrupted one resumes from its last checkpoint, and a task that fails

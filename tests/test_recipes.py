@@ -509,3 +509,35 @@ def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
         f.write(payload[: len(payload) // 2])
     err = _error(inspect_vit.main, ["--smoke", f"--images={images}", run], capsys)
     assert "truncated.jpg cannot be read" in err
+
+
+class _CrashAfter(keras.callbacks.Callback):
+    """Raises once after `batches` training batches."""
+
+    def __init__(self, batches):
+        super().__init__()
+        self.batches, self.seen = batches, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.batches:
+            raise RuntimeError("simulated crash")
+
+
+def test_pretrain_mpp_resumes_and_reports_like_the_other_recipes(tmp_path, capsys):
+    argv = ["--smoke", f"--run_dir={tmp_path}", "--total_steps=12", "--verbose=2", "--distribution=none"]
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pretrain_mpp.main(argv, callbacks=[_CrashAfter(8)])
+    assert not (tmp_path / "summary.json").exists()
+    capsys.readouterr()
+    summary = pretrain_mpp.main(argv)
+    out = capsys.readouterr().out
+    assert "Resumed from update 6 of 12" in out and "== pretrain_mpp:" in out
+    assert summary["steps"] == 12 and summary["resumed_from_step"] == 6
+    assert summary["distribution"] == "none" and os.path.exists(summary["encoder_npz"])
+    # A changed field is refused; the finished run prints its summary again.
+    with pytest.raises(cli.RecipeError, match="total_steps: 12 -> 18"):
+        pretrain_mpp.main(argv[:2] + ["--total_steps=18"])
+    again = pretrain_mpp.main(argv)
+    assert again["final_loss"] == summary["final_loss"]
+    assert "Masked patch prediction finished earlier" in capsys.readouterr().out
