@@ -14,8 +14,8 @@ pipeline), this demo does what the paper does at scale:
    embeddings are resampled from 4x4 to 8x8, the head is replaced by a
    zero-initialised one, SGD with momentum, batch 64 as 2 accumulated
    micro-batches of 32, clipping at 1, warmup + cosine;
-4. prints the test accuracy (expect about 96-99 %; about 3 minutes on 2
-   CPU cores);
+4. prints the test accuracy (expect about 96-99 %; 2-4 minutes on 2 CPU
+   cores);
 5. draws what the fine-tuned model learned (the paper's Figures 6 and 7)
    with `keras_vit.inspect`: attention rollout over test digits, the
    similarity of the resampled position embeddings, the principal
@@ -24,7 +24,7 @@ pipeline), this demo does what the paper does at scale:
 
     python -m recipes.demo                     # or: bash scripts/demo.sh
     python -m recipes.demo --finetune_steps=100  # any field is a flag
-    python -m recipes.demo --smoke               # seconds: a tiny ViT, 4 + 4 updates
+    python -m recipes.demo --smoke               # about a minute: a tiny ViT, 4 + 4 updates
 
 Everything stays in `--run_dir` (default runs/demo): `data/` (the PNGs),
 `pretrain/` and `finetune/` (checkpoints, logs/ for TensorBoard, history.csv,

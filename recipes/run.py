@@ -431,23 +431,26 @@ def progress(total_steps, log_every, accum, verbose):
         def __init__(self):
             super().__init__()
             self.bar = None
-            self.epoch = 0
             self.eval_label = "evaluation"
 
         def _shown(self, logs):
             return [(k, float(v)) for k, v in (logs or {}).items() if k.removeprefix("val_") not in HIDDEN_METRICS]
 
+        def _update(self, bar, step, logs, finalize=None):
+            shown = self._shown(logs)
+            # Keras' logs are running means already: show them as they are.
+            bar.stateful_metrics = set(name for name, _ in shown)
+            bar.update(step, values=shown, finalize=finalize)
+
         def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
             if verbose == 1:
                 first = epoch * log_every
                 print(f"Updates {first + 1}-{first + log_every} of {total_steps}", flush=True)
-                self.bar = keras.utils.Progbar(log_every, stateful_metrics=None, unit_name="update")
+                self.bar = keras.utils.Progbar(log_every, unit_name="update")
 
         def on_train_batch_end(self, batch, logs=None):
             if self.bar is not None and (batch + 1) % accum == 0:
-                shown = self._shown(logs)
-                self.bar.update((batch + 1) // accum, values=shown)
+                self._update(self.bar, (batch + 1) // accum, logs)
 
         def on_epoch_end(self, epoch, logs=None):
             self.bar = None
@@ -464,11 +467,11 @@ def progress(total_steps, log_every, accum, verbose):
         def on_test_batch_end(self, batch, logs=None):
             self.test_batches = batch + 1
             if verbose == 1:
-                self.test_bar.update(self.test_batches, values=self._shown(logs))
+                self._update(self.test_bar, self.test_batches, logs)
 
         def on_test_end(self, logs=None):
             if verbose == 1:
-                self.test_bar.update(self.test_batches, values=self._shown(logs), finalize=True)
+                self._update(self.test_bar, self.test_batches, logs, finalize=True)
             elif verbose == 2:
                 text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
                 print(f"evaluation on {self.eval_label}: {text}", flush=True)

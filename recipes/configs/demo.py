@@ -41,8 +41,9 @@ def digits():
     1,000 Adam updates of 64 at 16 px, then 300 SGD-momentum updates of 64
     (2 x 32) at 32 px.
 
-    Expected: 96-99 % test accuracy on the 360 held-out digits, in about 3
-    minutes on 2 CPU cores (measured: docs/recipes.md).
+    Expected: 96-99 % test accuracy on the 360 held-out digits, in 2-4
+    minutes on 2 CPU cores (measured: 97.8 % in 2.0 min with TensorFlow,
+    98.1 % in 3.4 min with JAX; docs/recipes.md).
     """
     return DemoConfig()
 
@@ -52,7 +53,7 @@ DEFAULT = "digits"
 
 
 def smoke_config(config):
-    """`--smoke`: a one-block ViT for 4 + 4 updates (seconds)."""
+    """`--smoke`: a one-block ViT for 4 + 4 updates (about a minute)."""
     return config.replace(pretrain_steps=4, finetune_steps=4, model_overrides=dict(SMOKE_MODEL))
 
 
