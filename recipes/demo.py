@@ -14,8 +14,8 @@ pipeline), this demo does what the paper does at scale:
    embeddings are resampled from 4x4 to 8x8, the head is replaced by a
    zero-initialised one, SGD with momentum, batch 64 as 2 accumulated
    micro-batches of 32, clipping at 1, warmup + cosine;
-4. prints the test accuracy (expect about 96-99 %; about 3 minutes on 2
-   CPU cores);
+4. prints the test accuracy (expect about 96-99 %; 2-4 minutes on 2 CPU
+   cores);
 5. draws what the fine-tuned model learned (the paper's Figures 6 and 7)
    with `keras_vit.inspect`: attention rollout over test digits, the
    similarity of the resampled position embeddings, the principal
@@ -24,6 +24,7 @@ pipeline), this demo does what the paper does at scale:
 
     python -m recipes.demo                     # or: bash scripts/demo.sh
     python -m recipes.demo --finetune_steps=100  # any field is a flag
+    python -m recipes.demo --smoke               # about a minute: a tiny ViT, 4 + 4 updates
 
 Everything stays in `--run_dir` (default runs/demo): `data/` (the PNGs),
 `pretrain/` and `finetune/` (checkpoints, logs/ for TensorBoard, history.csv,
@@ -32,45 +33,22 @@ model.keras, model.npz, summary.json) and `inspect/` (the figures as PNG).
 
 import os
 import shutil
-import sys
 import time
 
-if __package__ in (None, ""):  # `python recipes/demo.py`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from recipes import common
-from recipes import configs
+from recipes import cli
 from recipes import finetune
 from recipes import pretrain
+from recipes import run as skeleton
+from recipes.configs import demo as configs
+from recipes.configs import finetune as finetune_configs
+from recipes.configs import pretrain as pretrain_configs
 
-F = configs.Field
-DEMO_FIELDS = [
-    F("run_dir", "runs/demo", "str", "where the data, both runs and their models go"),
-    F("overwrite", False, "bool", "delete the results of an earlier demo in run_dir first"),
-    F("pretrain_size", 16, "int", "pre-training resolution (px)"),
-    F("finetune_size", 32, "int", "fine-tuning resolution (px)"),
-    F("pretrain_steps", 1000, "int", "pre-training updates"),
-    F("pretrain_batch_size", 64, "int", "pre-training batch"),
-    F("finetune_steps", 300, "int", "fine-tuning updates"),
-    F("finetune_batch_size", 64, "int",
-      "fine-tuning batch, as 2 accumulated micro-batches (the paper's 512 as 8 x 64, scaled down)"),
-    F("finetune_learning_rate", 0.03, "float", "fine-tuning base learning rate"),
-    F("model_overrides", dict(hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128, patch_size=4),
-      "json", "the ViT's size (patch 4: a 4x4 grid at 16 px, 8x8 at 32 px)"),
-    F("inspect", True, "bool", "write the inspection figures of the fine-tuned model to run_dir/inspect"),
-    F("test_fraction", 0.2, "float", "share of the digits held out for testing (stratified)"),
-    F("jit_compile", "auto", "str", "Keras jit_compile: auto, true or false"),
-    F("distribution", "auto", "str", "see keras_vit.distribute.get_distribution"),
-    F("seed", 0, "int", "random seed (split, weights, shuffling)"),
-    F("verbose", 2, "int", "Keras verbosity: 1 progress bars, 2 one line per epoch, 0 silent"),
-]
+PROG = "python -m recipes.demo"
 
 
 def parse(argv=None):
-    return common.parse_flags(
-        argv, fields=DEMO_FIELDS, named_configs={}, default_config=None, smoke={},
-        description=__doc__.split("\n\n")[0], prog="python -m recipes.demo",
-    )
+    """`(config_name, config, smoke)` from command-line arguments."""
+    return cli.parse(argv, configs, prog=PROG, description=__doc__.split("\n\n")[0])
 
 
 def write_digits(directory, test_fraction, seed):
@@ -86,7 +64,7 @@ def write_digits(directory, test_fraction, seed):
 
     marker = os.path.join(directory, "split.json")
     wanted = {"test_fraction": test_fraction, "seed": seed}
-    done = common.read_json(marker)
+    done = skeleton.read_json(marker)
     if done is not None and done.get("split") == wanted:
         return done["sizes"]
     digits = load_digits()
@@ -103,45 +81,41 @@ def write_digits(directory, test_fraction, seed):
             path = os.path.join(directory, split, str(digits.target[i]), f"{i:04d}.png")
             tf.io.write_file(path, tf.io.encode_png(images[i]))
         sizes[split] = int(len(chosen))
-    common.write_json(marker, {"split": wanted, "sizes": sizes})
+    skeleton.write_json(marker, {"split": wanted, "sizes": sizes})
     return sizes
 
 
 def pretrain_config(demo, data_dir):
-    """Fields of `recipes/pretrain.py` for the demo's pre-training."""
-    config = configs.defaults(configs.PRETRAIN_FIELDS)
-    config.update(
-        model=None, model_overrides=dict(demo["model_overrides"]), dropout_rate=0.0,
+    """The `PretrainConfig` of the demo's pre-training."""
+    return pretrain_configs.PretrainConfig(
+        model=None, model_overrides=dict(demo.model_overrides), dropout_rate=0.0,
         dataset=data_dir, train_split="train", test_split="test",
-        image_size=demo["pretrain_size"], batch_size=demo["pretrain_batch_size"], eval_batch_size=120,
-        total_steps=demo["pretrain_steps"], warmup_steps=max(1, demo["pretrain_steps"] // 10),
+        image_size=demo.pretrain_size, batch_size=demo.pretrain_batch_size, eval_batch_size=120,
+        total_steps=demo.pretrain_steps, warmup_steps=max(1, demo.pretrain_steps // 10),
         learning_rate=2e-3, decay_type="cosine", weight_decay=0.05,
         # Digits are too small for inception crops and change meaning when
         # flipped: resize (448/384 x the size) + random crop, no flip.
         augmentation="resize_crop", flip=False, shuffle_buffer=2000, cache="true",
-        log_every=max(1, demo["pretrain_steps"] // 10), checkpoint_every=100,
-        jit_compile=demo["jit_compile"], distribution=demo["distribution"], seed=demo["seed"],
-        verbose=demo["verbose"], run_dir=os.path.join(demo["run_dir"], "pretrain"),
+        log_every=max(1, demo.pretrain_steps // 10), checkpoint_every=100,
+        jit_compile=demo.jit_compile, distribution=demo.distribution, seed=demo.seed,
+        verbose=demo.verbose, run_dir=os.path.join(demo.run_dir, "pretrain"),
     )
-    return config
 
 
 def finetune_config(demo, data_dir, weights):
-    """Fields of `recipes/finetune.py` for the demo's fine-tuning."""
-    config = configs.defaults(configs.FINETUNE_FIELDS)
-    config.update(
-        model=None, model_overrides=dict(demo["model_overrides"]), weights=weights,
+    """The `FinetuneConfig` of the demo's fine-tuning."""
+    return finetune_configs.FinetuneConfig(
+        model=None, model_overrides=dict(demo.model_overrides), weights=weights,
         dataset=data_dir, train_split="train", test_split="test",
-        image_size=demo["finetune_size"], batch_size=demo["finetune_batch_size"], accum_steps=2,
+        image_size=demo.finetune_size, batch_size=demo.finetune_batch_size, accum_steps=2,
         eval_batch_size=120,
-        total_steps=demo["finetune_steps"], warmup_steps=max(1, demo["finetune_steps"] // 10),
-        learning_rate=demo["finetune_learning_rate"], augmentation="resize_crop", flip=False,
+        total_steps=demo.finetune_steps, warmup_steps=max(1, demo.finetune_steps // 10),
+        learning_rate=demo.finetune_learning_rate, augmentation="resize_crop", flip=False,
         shuffle_buffer=2000,
-        cache="true", log_every=max(1, demo["finetune_steps"] // 10), checkpoint_every=100,
-        jit_compile=demo["jit_compile"], distribution=demo["distribution"], seed=demo["seed"],
-        verbose=demo["verbose"], run_dir=os.path.join(demo["run_dir"], "finetune"),
+        cache="true", log_every=max(1, demo.finetune_steps // 10), checkpoint_every=100,
+        jit_compile=demo.jit_compile, distribution=demo.distribution, seed=demo.seed,
+        verbose=demo.verbose, run_dir=os.path.join(demo.run_dir, "finetune"),
     )
-    return config
 
 
 def write_inspection(model_path, test_dir, directory, per_class=6):
@@ -172,36 +146,34 @@ def write_inspection(model_path, test_dir, directory, per_class=6):
 def run(demo):
     """Runs the demo; returns `{"pretrain": summary, "finetune": summary}`."""
     start = time.perf_counter()
-    if demo["overwrite"]:
+    if demo.overwrite:
         for part in ("pretrain", "finetune"):
-            shutil.rmtree(os.path.join(demo["run_dir"], part), ignore_errors=True)
-    data_dir = os.path.join(demo["run_dir"], "data", "digits")
-    sizes = write_digits(data_dir, demo["test_fraction"], demo["seed"])
+            shutil.rmtree(os.path.join(demo.run_dir, part), ignore_errors=True)
+    data_dir = os.path.join(demo.run_dir, "data", "digits")
+    sizes = write_digits(data_dir, demo.test_fraction, demo.seed)
     print(f"Digits written to {data_dir}: {sizes['train']} training, {sizes['test']} test images "
           "(8x8 grey, tiled to RGB by the pipeline).", flush=True)
 
-    print(f"\n== Pre-training at {demo['pretrain_size']} px", flush=True)
+    print(f"\n== Pre-training at {demo.pretrain_size} px", flush=True)
     upstream = pretrain.run(pretrain_config(demo, data_dir), "demo")
     weights = upstream["model_npz"]
 
-    print(f"\n== Fine-tuning at {demo['finetune_size']} px from {weights}", flush=True)
+    print(f"\n== Fine-tuning at {demo.finetune_size} px from {weights}", flush=True)
     downstream = finetune.run(finetune_config(demo, data_dir, weights), "demo")
-    for note in downstream.get("notes", []):
-        print(f"  weights: {note}")
     wall = time.perf_counter() - start
     if wall < 0.5 * downstream["total_wall_time_s"]:
-        print(f"\n(Results of an earlier demo in {demo['run_dir']}; --overwrite trains again.)")
+        print(f"\n(Results of an earlier demo in {demo.run_dir}; --overwrite trains again.)")
     print(
         f"\nTest accuracy: {100 * downstream['accuracy']:.2f} % on {downstream['eval_examples']} "
-        f"held-out digits (pre-training at {demo['pretrain_size']} px: "
+        f"held-out digits (pre-training at {demo.pretrain_size} px: "
         f"{100 * upstream['accuracy']:.2f} %). Demo wall time {wall:.0f} s, backend "
         f"{downstream['backend']}.\nModels: {downstream['model_keras']}, {downstream['model_npz']}",
         flush=True,
     )
     outcome = {"pretrain": upstream, "finetune": downstream, "wall_time_s": wall}
-    if demo["inspect"]:
+    if demo.inspect:
         figures = write_inspection(
-            downstream["model_keras"], os.path.join(data_dir, "test"), os.path.join(demo["run_dir"], "inspect")
+            downstream["model_keras"], os.path.join(data_dir, "test"), os.path.join(demo.run_dir, "inspect")
         )
         print("Figures of the fine-tuned model (paper Figures 6 and 7):")
         for name, path in figures.items():
@@ -216,4 +188,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    cli.run_command(main)

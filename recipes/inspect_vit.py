@@ -4,105 +4,143 @@ Attention rollout on a few images (Figure 6), position-embedding similarity
 (Figure 7 centre), principal components of the RGB embedding filters
 (Figure 7 left; plain ViTs only) and mean attention distance per head over
 all images (Figure 7 right), plus the arrays behind them (`inspect.npz`) and
-`summary.json`, into `--out`.
+`summary.json`, into `--run_dir`.
 
     # An original checkpoint (ImageNet-21k pre-trained, ImageNet fine-tuned, 384 px):
-    python -m recipes.inspect_vit --model ViT-B_16 --weights imagenet21k+imagenet2012 \\
-        --input-size 384 --images path/to/images --out runs/inspect_b16
-
+    python -m recipes.inspect_vit --model=ViT-B_16 --weights=imagenet21k+imagenet2012 \\
+        --image_size=384 --images=path/to/images --run_dir=runs/inspect_b16
     # A model fine-tuned and saved with keras_vit (a `.keras` file):
-    python -m recipes.inspect_vit --model runs/finetune/model.keras \\
-        --images path/to/images --out runs/inspect_finetuned
+    python -m recipes.inspect_vit --model=runs/finetune/cifar10/model.keras \\
+        --images=path/to/images --run_dir=runs/inspect_finetuned
+    # Seconds: a tiny random model on generated images.
+    python -m recipes.inspect_vit --smoke --run_dir=runs/inspect_smoke
 
 See docs/inspect.md.
 """
 
-import argparse
+import os
+import tempfile
+
+from recipes import cli
+from recipes.configs import inspect as configs
+
+PROG = "python -m recipes.inspect_vit"
+DESCRIPTION = __doc__.split("\n\n")[0]
+# Older spellings of this recipe's flags, still accepted.
+ALIASES = {"out": "run_dir", "input-size": "image_size"}
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        description="Write the ViT paper's inspection figures (attention rollout, "
-        "position-embedding similarity, embedding filters, attention distance).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    parser.add_argument(
-        "--model", default="ViT-B_16",
-        help="an original config name (ViT-B_16, R50+ViT-B_16, ViT-B_16-gap-norep, ...), "
-        "an AugReg name (B_16, R26_S_32, ...) or a saved `.keras` model file",
-    )
-    parser.add_argument(
-        "--weights", default=None,
-        help="an original .npz, a registered name (imagenet21k, imagenet21k+imagenet2012, "
-        "augreg, ...) or a .weights.h5 file; omit for random weights (figures of an "
-        "untrained model)",
-    )
-    parser.add_argument(
-        "--num-classes", type=int, default=None,
-        help="with a .weights.h5 file: the classes of the saved model's head",
-    )
-    parser.add_argument(
-        "--input-size", type=int, nargs="+", default=None, metavar="PIXELS",
-        help="model input size: one int (square) or height width; defaults to 224, "
-        "or the saved model's size",
-    )
-    parser.add_argument("--images", required=True, help="a folder of images (sub-folders searched)")
-    parser.add_argument("--out", required=True, help="the run directory to write into")
-    parser.add_argument(
-        "--max-images", type=int, default=128,
-        help="images used for the attention distance (the paper used 128)",
-    )
-    parser.add_argument("--rollout-images", type=int, default=4, help="images shown in the rollout figure")
-    parser.add_argument("--components", type=int, default=28, help="principal components of the filters")
-    parser.add_argument("--format", default="png", choices=("png", "svg", "pdf"))
-    parser.add_argument("--batch-size", type=int, default=16)
-    args = parser.parse_args(argv)
-    if args.input_size is not None and len(args.input_size) not in (1, 2):
-        parser.error(f"--input-size takes one or two ints. Received: {args.input_size}")
-    return args
+def parse(argv=None):
+    """`(config_name, config, smoke)` from command-line arguments."""
+    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION, aliases=ALIASES)
 
 
-def build_model(args):
+def _expected(what):
+    """A failure of the user's input (weights, model file, images) as one
+    `error:` line."""
+    return lambda error: cli.RecipeError(f"{what}: {error}")
+
+
+def build_model(config):
     import keras
 
     import keras_vit
 
-    if args.model.endswith(".keras"):
-        if args.weights is not None or args.input_size is not None:
-            raise SystemExit("--weights and --input-size do not apply to a saved .keras model.")
-        return keras.saving.load_model(args.model)
-    size = args.input_size or [224]
-    input_shape = (size[0], size[-1], 3)
-    weights = args.weights
+    if config.model.endswith(".keras"):
+        if config.weights is not None or config.image_size is not None:
+            raise cli.RecipeError("--weights and --image_size do not apply to a saved .keras model.")
+        if not os.path.isfile(config.model):
+            raise cli.RecipeError(f"no file {config.model} (--model).")
+        try:
+            return keras.saving.load_model(config.model)
+        except (ValueError, OSError) as error:
+            raise _expected(f"--model={config.model}")(error) from None
+    size = config.image_size or (224,)
+    if len(size) not in (1, 2):
+        raise cli.RecipeError(f"--image_size takes one or two ints. Received: --image_size={size}")
+    kwargs = dict(config.model_overrides, input_shape=(size[0], size[-1], 3), weights=config.weights)
+    variant = None if config.model.lower() in cli.NONE else config.model
+    weights = config.weights
     if weights is not None and weights.endswith(".weights.h5"):
-        if args.num_classes is None:
-            raise SystemExit("A .weights.h5 file needs --num-classes (the saved head's classes).")
-        return keras_vit.get_model(
-            args.model, input_shape=input_shape, num_classes=args.num_classes, weights=weights
-        )
-    # The head plays no part in the figures; a checkpoint's head is dropped.
-    return keras_vit.get_model(args.model, input_shape=input_shape, include_top=False, weights=weights)
+        if config.num_classes is None:
+            raise cli.RecipeError("a .weights.h5 file needs --num_classes (the saved head's classes).")
+        kwargs["num_classes"] = config.num_classes
+    else:
+        # The head plays no part in the figures; a checkpoint's head is dropped.
+        kwargs["include_top"] = False
+    try:
+        return keras_vit.ViT(variant, **kwargs)
+    except (ValueError, OSError) as error:
+        raise _expected(f"--model={config.model}, --weights={weights}")(error) from None
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def _unreadable(directory):
+    """The first image file of `directory` that PIL cannot decode, if any."""
+    from PIL import Image
+
+    for root, _, files in sorted(os.walk(directory)):
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                with Image.open(path) as image:
+                    image.load()
+            except OSError:
+                if name.lower().endswith((".jpg", ".jpeg", ".png", ".bmp", ".gif")):
+                    return path
+    return None
+
+
+def load_images(config, size, directory):
+    from keras_vit import inspect as vit_inspect
+
+    try:
+        return vit_inspect.load_image_folder(directory, size, config.max_images)
+    except (ValueError, OSError) as error:
+        bad = _unreadable(directory) if os.path.isdir(directory) else None
+        where = f"{bad} cannot be read" if bad else str(error)
+        raise cli.RecipeError(f"--images={directory}: {where} ({type(error).__name__}: {error})") from None
+
+
+def smoke_images(directory, size, count=4, seed=0):
+    """A few random-pixel PNGs for `--smoke`."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(os.path.join(directory, f"{i}.png"))
+    return directory
+
+
+def run(config, config_name=None, smoke=False):
+    import keras
+
     import keras_vit
     from keras_vit import inspect as vit_inspect
 
-    model = build_model(args)
-    geometry = vit_inspect.geometry(model)
-    uint8, names = vit_inspect.load_image_folder(args.images, geometry.image_size, args.max_images)
-    if args.weights is None and not args.model.endswith(".keras"):
+    cli.check_choice(config, "format", configs.FORMATS)
+    if config.images is None and not smoke:
+        raise cli.RecipeError("give --images: a folder of images (or --smoke).")
+    keras.utils.set_random_seed(config.seed)
+    model = build_model(config)
+    try:
+        geometry = vit_inspect.geometry(model)
+    except ValueError as error:
+        raise _expected(f"--model={config.model}")(error) from None
+    with tempfile.TemporaryDirectory(prefix="keras_vit_inspect_") as generated:
+        directory = config.images or smoke_images(generated, geometry.image_size, seed=config.seed)
+        uint8, names = load_images(config, geometry.image_size, directory)
+    if config.weights is None and not config.model.endswith(".keras"):
         print("No --weights: the figures show an untrained (randomly initialised) model.")
     written = vit_inspect.write_figures(
         model,
         keras_vit.preprocess_input(uint8),
-        args.out,
-        image_format=args.format,
-        rollout_images=min(args.rollout_images, len(uint8)),
-        num_components=args.components,
+        config.run_dir,
+        image_format=config.format,
+        rollout_images=min(config.rollout_images, len(uint8)),
+        num_components=config.components,
         titles=names,
-        batch_size=args.batch_size,
+        batch_size=config.batch_size,
     )
     print(
         f"{model.name}: {len(uint8)} image(s), grid {geometry.grid[0]}x{geometry.grid[1]}, "
@@ -114,5 +152,10 @@ def main(argv=None):
     return written
 
 
+def main(argv=None):
+    config_name, config, smoke = parse(argv)
+    return run(config, config_name, smoke=smoke)
+
+
 if __name__ == "__main__":
-    main()
+    cli.run_command(main)

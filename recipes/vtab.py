@@ -13,7 +13,7 @@ instead (lr {0.001, 0.003, 0.01, 0.03} x {500, 2,500} updates on
     python -m recipes.vtab --model=ViT-L_16 --weights=imagenet21k      # all 19 tasks
     python -m recipes.vtab --tasks=clevr_count                          # one task
     python -m recipes.vtab --tasks=structured --config=augreg           # the sweep, a group
-    python -m recipes.vtab --smoke                                      # seconds, mock data
+    python -m recipes.vtab --smoke                                      # generated data, ~2.5 min on 2 busy cores
 
 Resumable per task: a finished task is skipped when the command runs again,
 an interrupted one resumes from its last checkpoint, and a task that fails
@@ -24,23 +24,18 @@ on. The run directory (`--run_dir`, default runs/vtab/<config>) holds
 `report.png` (bar chart).
 """
 
-import contextlib
 import csv
 import os
 import sys
 import time
 import traceback
 
-if __package__ in (None, ""):  # `python recipes/vtab.py`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recipes import cli
+from recipes import run as skeleton
+from recipes.configs import vtab as configs
 
-from recipes import common
-from recipes import configs
-
-DESCRIPTION = __doc__.split("\n\n")[0] + (
-    " Every config field below is a flag; --config=augreg selects the sweep, "
-    "--smoke runs all 19 tasks in seconds on generated data."
-)
+PROG = "python -m recipes.vtab"
+DESCRIPTION = __doc__.split("\n\n")[0]
 TASK_RESULT = "task_result.json"
 CSV_COLUMNS = (
     "task", "name", "group", "status", "accuracy", "learning_rate", "steps", "warmup_steps",
@@ -50,15 +45,7 @@ CSV_COLUMNS = (
 
 def parse(argv=None):
     """`(config_name, config, smoke)` from command-line arguments."""
-    return common.parse_flags(
-        argv,
-        fields=configs.VTAB_FIELDS,
-        named_configs=configs.VTAB_CONFIGS,
-        default_config="paper",
-        smoke=configs.VTAB_SMOKE,
-        description=DESCRIPTION,
-        prog="python -m recipes.vtab",
-    )
+    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
 
 
 def select_tasks(spec):
@@ -77,12 +64,12 @@ def select_tasks(spec):
             try:
                 chosen.add(vtab.get_task(item).key)
             except ValueError:
-                raise ValueError(
-                    f"Unknown VTAB task or group {item!r}; use task keys ({', '.join(t.key for t in vtab.TASKS)}), "
+                raise cli.RecipeError(
+                    f"unknown VTAB task or group {item!r}; use task keys ({', '.join(t.key for t in vtab.TASKS)}), "
                     f"paper names, {', '.join(vtab.GROUPS)} or all. Received: tasks={spec!r}"
                 ) from None
     if not chosen:
-        raise ValueError(f"`tasks` selects no task. Received: tasks={spec!r}")
+        raise cli.RecipeError(f"--tasks selects no task. Received: tasks={spec!r}")
     return [t for t in vtab.TASKS if t.key in chosen]
 
 
@@ -97,17 +84,15 @@ def task_data(config, task, train_split, eval_split):
     and flip switches included)."""
     from keras_vit.data import vtab
 
-    cache = common.cache_setting(config)
     common_args = dict(
-        image_size=config["image_size"], data_dir=config["data_dir"],
-        download=config["download"], manual_dir=config["manual_dir"], cache=cache,
+        image_size=config.image_size, data_dir=config.data_dir, download=config.download,
+        manual_dir=config.manual_dir, cache=skeleton.cache_setting(config),
     )
 
     def train_data(batch_size):
         return vtab.vtab_pipeline(
-            task, train_split, batch_size=batch_size, training=True,
-            augmentation=config["augmentation"], shuffle_buffer=config["shuffle_buffer"],
-            seed=config["seed"], **common_args,
+            task, train_split, batch_size=batch_size, training=True, augmentation=config.augmentation,
+            shuffle_buffer=config.shuffle_buffer, seed=config.seed, **common_args,
         )
 
     def eval_data(batch_size):
@@ -122,7 +107,8 @@ def _fit(config, task, train_split, eval_split, run_dir, setup, callbacks, save_
     train_data, eval_data = task_data(config, task, train_split, eval_split)
     return finetune.fit_one(
         config, run_dir=run_dir, setup=setup, train_data=train_data, eval_data=eval_data,
-        num_classes=task.num_classes, callbacks=callbacks, save_model=save_model,
+        num_classes=task.num_classes, eval_label=f"{task.name} {eval_split}", callbacks=callbacks,
+        save_model=save_model,
     )
 
 
@@ -130,64 +116,56 @@ def check_config(config):
     """Fails fast on settings that would make every task fail."""
     from keras_vit.data import vtab
 
-    if config["paper_model"] not in vtab.PAPER_MODELS:
-        raise ValueError(
-            f"`paper_model` must be one of {vtab.PAPER_MODELS}. "
-            f"Received: paper_model={config['paper_model']!r}"
-        )
-    if config["sweep"]:
-        if len(config["steps_grid"]) != len(config["warmup_grid"]):
-            raise ValueError(
-                "`warmup_grid` needs one warmup per entry of steps_grid. Received: "
-                f"steps_grid={config['steps_grid']}, warmup_grid={config['warmup_grid']}"
+    cli.check_choice(config, "paper_model", vtab.PAPER_MODELS)
+    if config.sweep:
+        if len(config.steps_grid) != len(config.warmup_grid):
+            raise cli.RecipeError(
+                "--warmup_grid needs one warmup per entry of steps_grid. Received: "
+                f"--steps_grid={config.steps_grid}, --warmup_grid={config.warmup_grid}"
             )
-        for steps, warmup in zip(config["steps_grid"], config["warmup_grid"]):
-            common.check_schedule(dict(config, total_steps=steps, warmup_steps=warmup))
+        for steps, warmup in zip(config.steps_grid, config.warmup_grid):
+            skeleton.check_schedule(config, total_steps=steps, warmup_steps=warmup)
     else:
-        common.check_schedule(config)
-    select_tasks(config["tasks"])
+        skeleton.check_schedule(config)
+    select_tasks(config.tasks)
 
 
 def run_task(task, config, task_dir, setup, callbacks=()):
     """Fine-tunes and evaluates one task (resumable); returns its row."""
     start = time.perf_counter()
-    final = dict(config)
-    trials = []
-    if config["sweep"]:
-        for steps, warmup in zip(config["steps_grid"], config["warmup_grid"]):
-            for lr in config["lr_grid"]:
-                trial = dict(config, learning_rate=lr, total_steps=steps, warmup_steps=warmup)
-                name = f"lr_{lr:g}-steps_{steps}"
-                result = _fit(
-                    trial, task, "train800", "val200", os.path.join(task_dir, "sweep", name),
-                    setup, callbacks, save_model=False,
-                )
-                trials.append(dict(learning_rate=lr, steps=steps, warmup_steps=warmup,
-                                   val_accuracy=result["accuracy"]))
-        # The first best on ties (grid order: shorter runs, smaller lr first).
-        best = max(trials, key=lambda t: t["val_accuracy"])
-        final.update(learning_rate=best["learning_rate"], total_steps=best["steps"],
-                     warmup_steps=best["warmup_steps"])
-    result = _fit(
-        final, task, "train800val200", "test", os.path.join(task_dir, "final"), setup, callbacks,
-        save_model=config["save_models"],
-    )
+    final, trials = {}, []
+    if config.sweep:
+        def fit(changes, name):
+            return _fit(config.replace(**changes), task, "train800", "val200",
+                        os.path.join(task_dir, "sweep", name), setup, callbacks, save_model=False)["accuracy"]
+
+        grid = [
+            (f"lr_{lr:g}-steps_{steps}", dict(learning_rate=lr, total_steps=steps, warmup_steps=warmup))
+            for steps, warmup in zip(config.steps_grid, config.warmup_grid)
+            for lr in config.lr_grid
+        ]
+        final, trials = skeleton.sweep(grid, fit, "val200")
+    final = config.replace(**final)
+    result = _fit(final, task, "train800val200", "test", os.path.join(task_dir, "final"), setup, callbacks,
+                  save_model=config.save_models)
     return {
         "task": task.key,
         "name": task.name,
         "group": task.group,
         "status": "done",
         "accuracy": 100.0 * result["accuracy"],
-        "learning_rate": final["learning_rate"],
+        "learning_rate": final.learning_rate,
         "steps": result["steps"],
-        "warmup_steps": final["warmup_steps"],
-        "val_accuracy": (
-            100.0 * max(t["val_accuracy"] for t in trials) if trials else None
-        ),
+        "warmup_steps": final.warmup_steps,
+        "val_accuracy": 100.0 * max(t["val_accuracy"] for t in trials) if trials else None,
         "eval_examples": result["eval_examples"],
         "wall_time_s": time.perf_counter() - start,
-        "sweep": [dict(t, val_accuracy=100.0 * t["val_accuracy"]) for t in trials],
-        "paper": task.paper.get(config["paper_model"]),
+        "sweep": [
+            dict(learning_rate=t["learning_rate"], steps=t["total_steps"], warmup_steps=t["warmup_steps"],
+                 val_accuracy=100.0 * t["val_accuracy"])
+            for t in trials
+        ],
+        "paper": task.paper.get(config.paper_model),
         "error": None,
     }
 
@@ -245,17 +223,17 @@ def report_markdown(rows, model_label, config):
         cells += [_cell(*means[g]) for g in (*vtab.GROUPS, "mean")]
         return f"| {label} | " + " | ".join(cells) + " |"
 
-    if config["sweep"]:
+    if config.sweep:
         protocol = "AugReg sweep (lr x steps on train800 -> val200, the best retrained on train800val200)"
     else:
         protocol = (
-            f"the ViT paper's (train800val200, lr {config['learning_rate']:g}, "
-            f"{config['total_steps']} steps)"
+            f"the ViT paper's (train800val200, lr {config.learning_rate:g}, "
+            f"{config.total_steps} steps)"
         )
     lines = [
         f"# VTAB-1k: {model_label}",
         "",
-        f"Protocol: {protocol}, {config['image_size']} px, batch {config['batch_size']}; "
+        f"Protocol: {protocol}, {config.image_size} px, batch {config.batch_size}; "
         "test accuracy in %.",
         "",
         header,
@@ -286,7 +264,7 @@ def report_markdown(rows, model_label, config):
             f"{r.get('steps') if r.get('steps') is not None else '–'} | {val} | "
             f"{r['wall_time_s']:.0f} | {status} |"
         )
-    lines.append(f"\n(Paper column: {config['paper_model']}.)")
+    lines.append(f"\n(Paper column: {config.paper_model}.)")
     return "\n".join(lines) + "\n"
 
 
@@ -339,10 +317,10 @@ def write_report(run_dir, config, model_label):
 
     rows = []
     for task in vtab.TASKS:
-        row = common.read_json(os.path.join(run_dir, "tasks", task.key, TASK_RESULT))
+        row = skeleton.read_json(os.path.join(run_dir, "tasks", task.key, TASK_RESULT))
         if row is not None:
             rows.append(row)
-    common.write_json(os.path.join(run_dir, "results.json"), rows)
+    skeleton.write_json(os.path.join(run_dir, "results.json"), rows)
     with open(os.path.join(run_dir, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         writer.writeheader()
@@ -351,7 +329,7 @@ def write_report(run_dir, config, model_label):
     markdown = report_markdown(rows, model_label, config)
     with open(os.path.join(run_dir, "report.md"), "w") as f:
         f.write(markdown)
-    bar_chart(rows, os.path.join(run_dir, "report.png"), model_label, config["paper_model"])
+    bar_chart(rows, os.path.join(run_dir, "report.png"), model_label, config.paper_model)
     return rows, markdown
 
 
@@ -362,20 +340,25 @@ def write_report(run_dir, config, model_label):
 
 def run(config, config_name=None, smoke=False, callbacks=()):
     """Runs the selected tasks; returns `{"rows": [...], "failed": [...],
-    "report": markdown}`."""
+    "report": markdown, "run_dir": ...}`."""
     check_config(config)
-    tasks = select_tasks(config["tasks"])
-    run_dir = common.prepare_run_dir(config, "vtab", config_name)
-    setup = common.set_up(config)
-    model_label = f"{config['model'] or 'ViT'} ({config['weights'] or 'random init'})"
+    skeleton.check_model(config)
+    tasks = select_tasks(config.tasks)
+    run_dir = skeleton.open_run_dir(config, "vtab", config_name)
+    setup = skeleton.set_up(config)
+    skeleton.check_batches(config, setup)
+    if config.verbose:
+        skeleton.print_header(skeleton.start_header("vtab", run_dir, setup, config) + [
+            f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
+            f"updates of {config.batch_size} at {config.image_size} px"
+        ])
+    model_label = f"{config.model or 'ViT'} ({config.weights or 'random init'})"
     failed = []
-    with common.smoke_data() if smoke else contextlib.nullcontext() as manual_dir:
-        if smoke and not config["manual_dir"]:
-            config = dict(config, manual_dir=manual_dir)
+    with skeleton.smoke_mode(config, smoke):
         for index, task in enumerate(tasks):
             task_dir = os.path.join(run_dir, "tasks", task.key)
             result_path = os.path.join(task_dir, TASK_RESULT)
-            previous = common.read_json(result_path)
+            previous = skeleton.read_json(result_path)
             if previous is not None and previous["status"] == "done":
                 print(f"[{index + 1}/{len(tasks)}] {task.name}: done earlier, "
                       f"{previous['accuracy']:.2f} %", flush=True)
@@ -394,7 +377,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                     "accuracy": None, "learning_rate": None, "steps": None, "warmup_steps": None,
                     "val_accuracy": None, "eval_examples": None,
                     "wall_time_s": time.perf_counter() - start,
-                    "paper": task.paper.get(config["paper_model"]), "error": message,
+                    "paper": task.paper.get(config.paper_model), "error": message,
                 }
                 failed.append(task.key)
                 print(f"  {task.name} failed ({message.splitlines()[0][:300]}); "
@@ -402,7 +385,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
             else:
                 print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, "
                       f"{row['steps']} steps, {row['wall_time_s']:.0f} s)", flush=True)
-            common.write_json(result_path, row)
+            skeleton.write_json(result_path, row)
     rows, markdown = write_report(run_dir, config, model_label)
     print(markdown)
     print(f"Report: {os.path.join(run_dir, 'report.md')}, {os.path.join(run_dir, 'report.png')}")
@@ -418,6 +401,5 @@ def main(argv=None, callbacks=()):
 
 
 if __name__ == "__main__":
-    with common.exit_on_missing_data():
-        outcome = main()
+    outcome = cli.run_command(main)
     sys.exit(1 if outcome["failed"] else 0)

@@ -9,6 +9,7 @@
 #   bash scripts/demo.sh                          # KERAS_BACKEND defaults to tensorflow
 #   KERAS_BACKEND=jax bash scripts/demo.sh        # or torch (slower on CPU)
 #   bash scripts/demo.sh --finetune_steps=100     # arguments go to recipes/demo.py
+#   bash scripts/demo.sh --smoke                  # about a minute: a tiny ViT, 4 + 4 updates
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh

@@ -1,7 +1,9 @@
-"""The recipes: flags, the offline demo end to end (pre-training at 16 px,
-fine-tuning at 32 px through recipes/finetune.py), the resolution change
-(resampled position embeddings, zero head), smoke runs on mocked tfds, the
-lr sweep, and a run killed with SIGKILL that the same command resumes."""
+"""The recipes: one flag dialect (fast `--help`, one-line errors), the
+offline demo end to end (pre-training at 16 px, fine-tuning at 32 px through
+recipes/finetune.py), the resolution change (resampled position embeddings,
+zero head), smoke runs on mocked tfds, the evaluation loss on padded
+batches, the lr sweep, and a run killed with SIGKILL that the same command
+resumes."""
 
 import csv
 import json
@@ -9,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 
 import keras
 import numpy as np
@@ -17,11 +20,16 @@ import pytest
 import keras_vit
 from keras_vit.layers.position_embedding import resample_position_embedding
 from keras_vit.weights import read_npz
-from recipes import common
-from recipes import configs
+from recipes import cli
 from recipes import demo
 from recipes import finetune
+from recipes import inspect_vit
 from recipes import pretrain
+from recipes import pretrain_mpp
+from recipes import run as skeleton
+from recipes import vtab
+from recipes.configs import finetune as finetune_configs
+from recipes.configs import pretrain as pretrain_configs
 from tests.helpers import fast_jax_compiles
 
 BACKEND = keras.backend.backend()
@@ -44,28 +52,89 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
         '--model_overrides={"num_layers": 2}', "--weights=none", "--total-steps", "7",
     ])
     assert (name, smoke) == ("cifar100", False)
-    assert config["dataset"] == "cifar100" and config["train_split"] == "train[:98%]"
-    assert config["learning_rate"] == 0.003 and config["lr_grid"] == (0.1, 0.2)
-    assert config["sweep"] is True and config["total_steps"] == 7 and config["weights"] is None
-    assert config["model_overrides"] == {"num_layers": 2}
+    assert config.dataset == "cifar100" and config.train_split == "train[:98%]"
+    assert config.learning_rate == 0.003 and config.lr_grid == (0.1, 0.2)
+    assert config.sweep is True and config.total_steps == 7 and config.weights is None
+    assert config.model_overrides == {"num_layers": 2}
     # Paper defaults (Table 4, App. B.1.1) where the config is silent.
-    assert (config["batch_size"], config["accum_steps"], config["image_size"]) == (512, 8, 384)
-    assert (config["momentum"], config["grad_clip"], config["decay_type"]) == (0.9, 1.0, "cosine")
+    assert (config.batch_size, config.accum_steps, config.image_size) == (512, 8, 384)
+    assert (config.momentum, config.grad_clip, config.decay_type) == (0.9, 1.0, "cosine")
     # --smoke shrinks everything; flags still win.
     _, config, smoke = finetune.parse(["--smoke", "--total_steps=3"])
-    assert smoke and config["total_steps"] == 3 and config["weights"] is None
-    assert config["image_size"] == 16 and config["model"] is None
+    assert smoke and config.total_steps == 3 and config.weights is None
+    assert config.image_size == 16 and config.model is None
+    # The smoke batch splits over 8 devices and keeps 2 accumulated micro-batches.
+    assert config.accum_steps == 2 and (config.batch_size // config.accum_steps) % 8 == 0
+    assert config.eval_batch_size % 8 == 0
+    # A JSON value with a space right after a bare --smoke (issue 15: it was
+    # taken as the value of --smoke).
+    _, config, smoke = finetune.parse(["--smoke", '--model_overrides={"a": 1}'])
+    assert smoke and config.model_overrides == {"a": 1}
 
     with pytest.raises(SystemExit):
         finetune.parse(["--help"])
     out = capsys.readouterr().out
-    assert all(f"--{field.name}" in out for field in configs.FINETUNE_FIELDS)
-    assert all(name in out for name in configs.FINETUNE_CONFIGS)
-    with pytest.raises(SystemExit):
+    assert all(f"--{field}" in out for field in finetune_configs.FinetuneConfig.__dataclass_fields__)
+    assert all(name in out for name in finetune_configs.CONFIGS)
+    with pytest.raises(SystemExit) as exit_info:
         pretrain.parse(["--learning_rate=fast"])
-    assert "--learning_rate" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="Received: config='cifar11'"):
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--learning_rate" in err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    with pytest.raises(SystemExit):
         finetune.parse(["--config=cifar11"])
+    assert "Received: config='cifar11'" in capsys.readouterr().err
+
+
+def test_configs_are_typed_attributes():
+    config = finetune_configs.get_config("cifar10")
+    with pytest.raises(AttributeError, match="learnig_rate"):
+        config.learnig_rate = 0.1
+    with pytest.raises(AttributeError):
+        config.learnig_rate  # noqa: B018
+    with pytest.raises(TypeError):
+        finetune_configs.FinetuneConfig(learnig_rate=0.1)
+    assert finetune_configs.get_config("cifar10", smoke=True).image_size == 16
+    # The AugReg presets sit beside the pre-training config (big_vision
+    # vit_i21k.py: RandAugment(2, 15) and mixup 0.2 for medium1).
+    assert pretrain_configs.AUGREG["medium1"] == ((2, 15), 0.2)
+    assert pretrain_configs.get_config("augreg_imagenet21k").augreg == "medium1"
+
+
+def test_one_dialect_for_every_recipe():
+    """The same flags for the same things; older spellings still parse."""
+    for recipe in (finetune, pretrain, vtab, pretrain_mpp):
+        _, config, _ = recipe.parse(["--smoke", "--run_dir=/tmp/x", "--seed=3", "--distribution=none"])
+        assert (config.run_dir, config.seed, config.distribution) == ("/tmp/x", 3, "none"), recipe
+        assert hasattr(config, "total_steps") and hasattr(config, "model_overrides"), recipe
+    _, config, _ = demo.parse(["--smoke", "--run_dir=/tmp/x", "--seed=3"])
+    assert (config.run_dir, config.seed, config.pretrain_steps) == ("/tmp/x", 3, 4)
+    _, config, _ = inspect_vit.parse(["--run_dir=/tmp/x", "--image_size=16,24"])
+    assert (config.run_dir, config.image_size) == ("/tmp/x", (16, 24))
+    # pretrain_mpp: --smoke no longer ignores the input size (issue 15).
+    _, config, smoke = pretrain_mpp.parse(["--smoke", "--image_size=32"])
+    assert smoke and config.image_size == (32,) and config.dataset == "synthetic"
+    _, config, _ = pretrain_mpp.parse(["--smoke", "--out", "/tmp/y", "--input-size", "16,32", "--steps=5"])
+    assert (config.run_dir, config.image_size, config.total_steps) == ("/tmp/y", (16, 32), 5)
+
+
+def test_help_imports_no_framework():
+    """`--help` answers before Keras, TensorFlow, JAX or PyTorch are imported."""
+    code = (
+        "import runpy, sys\n"
+        "for name in ('demo', 'pretrain', 'finetune', 'vtab', 'pretrain_mpp', 'inspect_vit'):\n"
+        "    sys.argv = [name, '--help']\n"
+        "    try:\n"
+        "        runpy.run_module('recipes.' + name, run_name='__main__')\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 0, (name, e.code)\n"
+        "print(sorted(m for m in ('keras', 'tensorflow', 'jax', 'torch') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    assert out.stdout.count("Named configs (--config=NAME)") == 6
 
 
 def test_named_configs_state_their_expected_result():
@@ -73,17 +142,24 @@ def test_named_configs_state_their_expected_result():
         "cifar10": "99.02", "cifar100": "92.06", "imagenet2012": "84.53",
         "oxford_iiit_pet": "94.67", "oxford_flowers102": "99.61",
     }
-    for name, function in configs.FINETUNE_CONFIGS.items():
+    for name, function in finetune_configs.CONFIGS.items():
         assert f"{expected[name]} %" in function.__doc__, name
-        config = dict(configs.defaults(configs.FINETUNE_FIELDS), **function())
+        assert f"python -m recipes.finetune --config={name}" in function.__doc__, name
+        assert "Dropout" in function.__doc__, name
+        config = function()
         steps = {"imagenet2012": 20_000, "oxford_iiit_pet": 500, "oxford_flowers102": 500}
-        assert config["total_steps"] == steps.get(name, 10_000), name
-    for name, function in configs.PRETRAIN_CONFIGS.items():
-        assert "Expected" in function.__doc__, name
-    table3 = dict(configs.defaults(configs.PRETRAIN_FIELDS), **configs.pretrain_imagenet2012())
-    assert (table3["learning_rate"], table3["weight_decay"], table3["batch_size"]) == (3e-3, 0.3, 4096)
-    assert (table3["warmup_steps"], table3["epochs"], table3["dropout_rate"]) == (10_000, 300.0, 0.1)
-    assert common.steps_from_epochs(300, 1_268_355, 4096) == 92_897
+        assert config.total_steps == steps.get(name, 10_000), name
+    for name, function in pretrain_configs.CONFIGS.items():
+        assert "Expected" in function.__doc__ and "dropout" in function.__doc__, name
+    table3 = pretrain_configs.get_config("imagenet2012")
+    assert (table3.learning_rate, table3.weight_decay, table3.batch_size) == (3e-3, 0.3, 4096)
+    assert (table3.warmup_steps, table3.epochs, table3.dropout_rate) == (10_000, 300.0, 0.1)
+    assert skeleton.steps_from_epochs(300, 1_268_355, 4096) == 92_897
+    # Issue 13: a custom model inherits the config's dropout, and is told so.
+    custom = table3.replace(model=None, model_overrides={"hidden_size": 16})
+    assert "dropout_rate=0.1" in skeleton.inherited_dropout_warning(custom)
+    assert skeleton.inherited_dropout_warning(table3) is None
+    assert skeleton.inherited_dropout_warning(custom.replace(dropout_rate=0.0)) is None
 
 
 # ---------------------------------------------------------------------------
@@ -153,8 +229,7 @@ def test_finetune_builds_the_model_at_the_new_resolution(demo_run):
     arrays = read_npz(npz)
     assert arrays[POSEMB].shape == (1, 17, 16) and "pre_logits/kernel" in arrays
     assert np.abs(arrays["head/kernel"]).max() > 0
-    config = dict(configs.defaults(configs.FINETUNE_FIELDS), model=None, model_overrides=TINY,
-                  weights=npz, image_size=32)
+    config = finetune_configs.FinetuneConfig(model=None, model_overrides=TINY, weights=npz, image_size=32)
     for num_classes in (10, 7):
         model, notes = finetune.build_model(config, num_classes)
         weights = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
@@ -180,18 +255,28 @@ def test_finetune_builds_the_model_at_the_new_resolution(demo_run):
         assert len(weights) > 0
 
 
-def test_demo_rerun_is_instant_and_a_changed_config_is_refused(demo_run, monkeypatch):
+def test_demo_rerun_is_instant_and_a_changed_config_is_refused(demo_run, monkeypatch, capsys):
     run_dir, outcome = demo_run
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run trained again")
 
-    monkeypatch.setattr(common, "train_and_evaluate", no_training)
+    monkeypatch.setattr(skeleton, "train_and_evaluate", no_training)
     argv = [f"--run_dir={run_dir}", "--pretrain_steps=4", "--verbose=0", f"--model_overrides={json.dumps(TINY)}"]
+    capsys.readouterr()
     again = demo.main(argv + ["--finetune_steps=4"])
     assert again["finetune"]["accuracy"] == outcome["finetune"]["accuracy"]
+    # A finished run prints its whole summary again.
+    out = capsys.readouterr().out
+    assert f"Fine-tuning finished earlier: {run_dir / 'finetune'}" in out
+    assert f"accuracy: {outcome['finetune']['accuracy']:.4f}" in out and "model_npz:" in out
     with pytest.raises(ValueError, match="another config .*total_steps: 4 -> 5"):
         demo.main(argv + ["--finetune_steps=5"])
+    # From the command line: one `error:` line, exit status 2.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_command(lambda: demo.main(argv + ["--finetune_steps=5"]))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: the run directory") and err.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------
@@ -199,8 +284,17 @@ def test_demo_rerun_is_instant_and_a_changed_config_is_refused(demo_run, monkeyp
 # ---------------------------------------------------------------------------
 
 
-def test_finetune_smoke_on_mocked_tfds(tmp_path):
-    summary = finetune.main(["--smoke", f"--run_dir={tmp_path}", "--verbose=0"])
+def test_finetune_smoke_on_mocked_tfds(tmp_path, capsys):
+    summary = finetune.main(["--smoke", f"--run_dir={tmp_path}", "--verbose=1"])
+    out = capsys.readouterr().out
+    # The start header, progress in updates (not micro-batches), a labelled
+    # evaluation, no `examples` metric on the bars.
+    for line in (f"== finetune: {tmp_path}", f"tensorboard --logdir {tmp_path / 'logs'}",
+                 f"backend {BACKEND}, distribution", "head: zero-initialised",
+                 "data: train 'train[:98%]'", "updates: 4 of 16 (2 x 8)", "Updates 1-2 of 4",
+                 "Updates 3-4 of 4", "Evaluating on 'test'", "Fine-tuning finished"):
+        assert line in out, (line, out)
+    assert "/update" in out and "- examples:" not in out
     assert summary["steps"] == 4 and summary["eval_examples"] == 16  # generated examples
     assert summary["num_classes"] == 10 and summary["config"]["dataset"] == "cifar10"
     assert summary["backend"] == BACKEND and summary["images_per_second"] > 0
@@ -214,12 +308,12 @@ def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):
     best on train_split, reported on test_split (training stubbed)."""
     calls = []
 
-    def fake_fit(config, *, run_dir, setup, train_data, eval_data, num_classes, callbacks=(), save_model=True):
+    def fake_fit(config, *, run_dir, setup, train_data, eval_data, num_classes, save_model=True, **kwargs):
         images, labels = next(iter(train_data(4)))
         assert images.shape == (4, 16, 16, 3) and labels.shape == (4, num_classes)
-        calls.append((config["learning_rate"], os.path.relpath(run_dir, tmp_path), save_model))
-        score = {0.001: 0.5, 0.003: 0.75, 0.01: 0.75, 0.03: 0.25}[config["learning_rate"]]
-        return {"accuracy": score, "eval_examples": 16, "steps": config["total_steps"]}
+        calls.append((config.learning_rate, os.path.relpath(run_dir, tmp_path), save_model))
+        score = {0.001: 0.5, 0.003: 0.75, 0.01: 0.75, 0.03: 0.25}[config.learning_rate]
+        return {"accuracy": score, "eval_examples": 16, "steps": config.total_steps}
 
     monkeypatch.setattr(finetune, "fit_one", fake_fit)
     summary = finetune.main(["--smoke", f"--run_dir={tmp_path}", "--sweep", "--lr_grid=0.001,0.003,0.01,0.03"])
@@ -276,7 +370,7 @@ def _run_child(run_dir):
     )
 
 
-def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path):
+def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path, capsys):
     killed = _run_child(tmp_path)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     with open(tmp_path / "checkpoints" / "checkpoint.json") as f:
@@ -288,7 +382,13 @@ def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path):
 
     # The same command again (here in this process: a fresh process would
     # only add seconds of imports).
-    summary = pretrain.main(_argv(tmp_path))
+    summary = pretrain.main(_argv(tmp_path)[:-1] + ["--verbose=2"])
+    out = capsys.readouterr().out
+    assert "Resumed from update 5 of 8" in out
+    # The smoke run's custom model inherits the imagenet2012 config's dropout.
+    assert "warning: the custom model (--model=none) trains with this config's dropout_rate=0.1" in out
+    progress = [line for line in out.splitlines() if line.startswith("update ")]
+    assert progress[-1].startswith("update 8/8: ") and not any("examples" in line for line in progress)
     assert summary["steps"] == 8 and summary["resumed_from_step"] == 5
     assert summary["config"]["dataset"] == "imagenet2012" and summary["num_classes"] == 1000
     with open(tmp_path / "checkpoints" / "checkpoint.json") as f:
@@ -296,3 +396,148 @@ def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path):
     with open(tmp_path / "history.csv") as f:
         assert [int(row["epoch"]) for row in csv.DictReader(f)] == [0, 1]
     assert (tmp_path / "model.keras").exists() and (tmp_path / "model.npz").exists()
+
+
+# ---------------------------------------------------------------------------
+# The evaluation loss on padded batches (issue 12).
+# ---------------------------------------------------------------------------
+
+
+def _image_folder(root, per_class, size=16, seed=0):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+                pixels[..., 0] = 40 if label == "a" else 210  # learnable
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root
+
+
+def test_eval_loss_is_right_with_padded_batches(tmp_path):
+    """8 test images in an evaluation batch of 64 (56 weight-0 rows): the
+    reported loss is the loss of the 8, at the end and in history.csv."""
+    data_dir = _image_folder(tmp_path / "data", per_class=4)
+    run_dir = tmp_path / "run"
+    summary = finetune.main([
+        "--smoke", f"--dataset={data_dir}", "--train_split=train", "--test_split=test",
+        "--eval_batch_size=64", "--total_steps=2", "--log_every=2", "--eval_every=2",
+        "--learning_rate=0.3", f"--run_dir={run_dir}", "--verbose=0",
+    ])
+    assert summary["eval_examples"] == 8
+    model = keras.saving.load_model(str(run_dir / "model.keras"), compile=False)
+    from keras_vit import data
+
+    source = data.from_directory(str(data_dir / "test"))
+    images, labels = next(iter(data.finetune_pipeline(source, training=False, batch_size=8, image_size=16)))
+    logits = keras.ops.convert_to_numpy(model(np.asarray(images))).astype("float64")
+    log_softmax = logits - logits.max(-1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
+    want = float(-(np.asarray(labels) * log_softmax).sum(-1).mean())
+    assert want > 0.1  # a real loss, not a padded-down one
+    assert summary["eval_loss"] == pytest.approx(want, rel=1e-4)
+    with open(run_dir / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[-1]["val_loss"]) == pytest.approx(want, rel=1e-4)
+    accuracy = float(np.mean(logits.argmax(-1) == np.asarray(labels).argmax(-1)))
+    assert summary["accuracy"] == pytest.approx(accuracy)
+
+
+# ---------------------------------------------------------------------------
+# Expected failures: one `error:` line, exit status 2, no traceback.
+# ---------------------------------------------------------------------------
+
+
+def _error(main, argv, capsys):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_command(lambda: main(argv))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
+    run = f"--run_dir={tmp_path / 'run'}"
+    assert "--total_steps must be a positive int. Received: --total_steps=-5" in _error(
+        finetune.main, ["--smoke", run, "--total_steps=-5"], capsys)
+    assert "--warmup_steps must be in [0, total_steps=4)" in _error(
+        finetune.main, ["--smoke", run, "--warmup_steps=4"], capsys)
+    assert "unknown VTAB task or group 'nope'" in _error(vtab.main, ["--smoke", run, "--tasks=nope"], capsys)
+    assert "--model=ViT-Q_99" in _error(finetune.main, ["--smoke", run, "--model=ViT-Q_99"], capsys)
+    assert "no folder" in _error(
+        pretrain.main, ["--smoke", run, f"--dataset={tmp_path / 'missing'}", "--train_split=train"], capsys)
+    assert "--distribution=nope" in _error(finetune.main, ["--smoke", run, "--distribution=nope"], capsys)
+    assert "--weights=" in _error(
+        finetune.main, ["--smoke", run, f"--weights={tmp_path / 'missing.npz'}"], capsys)
+    assert "--model_overrides" in _error(finetune.main, ["--smoke", run, '--model_overrides={"a": 1}'], capsys)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+    # A batch that does not split over the replicas: said before any work,
+    # naming the flag and a value that works.
+    config = finetune_configs.get_config(smoke=True).replace(batch_size=12)
+    with pytest.raises(cli.RecipeError, match="--batch_size=12 .* use --batch_size=16"):
+        skeleton.check_batches(config, types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
+    with pytest.raises(cli.RecipeError, match="--eval_batch_size=12 .* use --eval_batch_size=16"):
+        skeleton.check_batches(config.replace(batch_size=16, eval_batch_size=12),
+                               types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
+
+
+def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
+    from PIL import Image
+
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(np.zeros((16, 24, 3), np.uint8)).save(images / "good.jpg")
+    written = inspect_vit.main(["--smoke", f"--images={images}", f"--run_dir={tmp_path / 'out'}"])
+    assert os.path.getsize(written["posemb_similarity"]) > 1000
+    run = f"--run_dir={tmp_path / 'out2'}"
+    # Weights of another architecture, and a missing file.
+    other = keras_vit.ViT(None, input_shape=(16, 24, 3), num_classes=3, **dict(TINY, hidden_size=8, num_heads=2))
+    npz = keras_vit.export_npz(other, str(tmp_path / "other.npz"))
+    assert f"--weights={npz}" in _error(inspect_vit.main, ["--smoke", f"--images={images}", run, f"--weights={npz}"], capsys)
+    assert "missing.npz" in _error(
+        inspect_vit.main, ["--smoke", f"--images={images}", run, f"--weights={tmp_path / 'missing.npz'}"], capsys)
+    # A truncated JPEG is named.
+    with open(images / "good.jpg", "rb") as f:
+        payload = f.read()
+    with open(images / "truncated.jpg", "wb") as f:
+        f.write(payload[: len(payload) // 2])
+    err = _error(inspect_vit.main, ["--smoke", f"--images={images}", run], capsys)
+    assert "truncated.jpg cannot be read" in err
+
+
+class _CrashAfter(keras.callbacks.Callback):
+    """Raises once after `batches` training batches."""
+
+    def __init__(self, batches):
+        super().__init__()
+        self.batches, self.seen = batches, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.batches:
+            raise RuntimeError("simulated crash")
+
+
+def test_pretrain_mpp_resumes_and_reports_like_the_other_recipes(tmp_path, capsys):
+    argv = ["--smoke", f"--run_dir={tmp_path}", "--total_steps=12", "--verbose=2", "--distribution=none"]
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pretrain_mpp.main(argv, callbacks=[_CrashAfter(8)])
+    assert not (tmp_path / "summary.json").exists()
+    capsys.readouterr()
+    summary = pretrain_mpp.main(argv)
+    out = capsys.readouterr().out
+    assert "Resumed from update 6 of 12" in out and "== pretrain_mpp:" in out
+    assert summary["steps"] == 12 and summary["resumed_from_step"] == 6
+    assert summary["distribution"] == "none" and os.path.exists(summary["encoder_npz"])
+    # A changed field is refused; the finished run prints its summary again.
+    with pytest.raises(cli.RecipeError, match="total_steps: 12 -> 18"):
+        pretrain_mpp.main(argv[:2] + ["--total_steps=18"])
+    again = pretrain_mpp.main(argv)
+    assert again["final_loss"] == summary["final_loss"]
+    assert "Masked patch prediction finished earlier" in capsys.readouterr().out

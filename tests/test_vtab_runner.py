@@ -12,7 +12,9 @@ import pytest
 
 from keras_vit.data import vtab
 from recipes import finetune
+from recipes import run as skeleton
 from recipes import vtab as runner
+from recipes.configs.vtab import VtabConfig
 from tests.helpers import fast_jax_compiles
 
 SMOKE = ["--smoke", "--total_steps=4", "--log_every=2", "--checkpoint_every=2", "--verbose=0"]
@@ -74,8 +76,8 @@ def test_report_layout_of_table_9():
             "val_accuracy": None, "wall_time_s": 12.0, "paper": task.paper["ViT-L/16 (I21k)"],
             "error": None if done else "DatasetNotAvailableError: put the files in /x | y",
         })
-    config = dict(sweep=False, learning_rate=0.01, total_steps=2500, image_size=384, batch_size=512,
-                  paper_model="ViT-L/16 (I21k)")
+    config = VtabConfig(sweep=False, learning_rate=0.01, total_steps=2500, image_size=384, batch_size=512,
+                        paper_model="ViT-L/16 (I21k)")
     markdown = runner.report_markdown(rows, "ViT-B_16 (imagenet21k)", config)
     header = next(l for l in markdown.splitlines() if l.startswith("| Model |"))
     cells = [c.strip() for c in header.strip("|").split("|")]
@@ -103,10 +105,8 @@ def test_task_selection_and_config_checks():
     with pytest.raises(ValueError, match="paper_model"):
         runner.check_config(config)
     _, config, _ = runner.parse([])
-    assert (config["learning_rate"], config["total_steps"], config["batch_size"], config["image_size"]) == (
-        0.01, 2500, 512, 384
-    )
-    assert config["sweep"] is False and runner.parse(["--config=augreg"])[1]["sweep"] is True
+    assert (config.learning_rate, config.total_steps, config.batch_size, config.image_size) == (0.01, 2500, 512, 384)
+    assert config.sweep is False and runner.parse(["--config=augreg"])[1].sweep is True
 
 
 class _CrashDtd(keras.callbacks.Callback):
@@ -140,17 +140,17 @@ def smoke_runs(tmp_path_factory):
     real_fit = finetune.fit_one
     stubbed = {}
 
-    def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, callbacks=(), save_model=True):
+    def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, **kwargs):
         key = os.path.basename(os.path.dirname(run_dir))
         if key in REAL_TASKS:
             return real_fit(config, run_dir=run_dir, setup=setup, train_data=train_data, eval_data=eval_data,
-                            num_classes=num_classes, callbacks=callbacks, save_model=save_model)
+                            num_classes=num_classes, **kwargs)
         images, labels = next(iter(train_data(4)))
         assert images.shape == (4, 16, 16, 3) and labels.shape == (4, num_classes)
         labels = np.concatenate([np.asarray(y) for _, y in eval_data(8)])
         accuracy = float(np.mean(labels.argmax(-1) == 0))  # "always class 0"
         stubbed[key] = 100.0 * accuracy
-        return {"accuracy": accuracy, "eval_examples": len(labels), "steps": config["total_steps"]}
+        return {"accuracy": accuracy, "eval_examples": len(labels), "steps": config.total_steps}
 
     runner_fit = pytest.MonkeyPatch()
     runner_fit.setattr(finetune, "fit_one", fit_one)
@@ -190,7 +190,7 @@ def test_interrupted_task_resumes_and_finished_ones_are_skipped(smoke_runs):
     assert counter.classes == [47]  # only DTD trained again
     rows = {r["task"]: r for r in second["rows"]}
     assert rows["dtd"]["status"] == "done" and rows["dtd"]["steps"] == 4
-    result = runner.common.read_json(str(run_dir / "tasks" / "dtd" / "final" / "result.json"))
+    result = skeleton.read_json(str(run_dir / "tasks" / "dtd" / "final" / "result.json"))
     assert result["resumed_from_step"] == 2 and result["steps"] == 4
     for key, row in rows.items():
         if key != "dtd":
@@ -225,10 +225,10 @@ def test_augreg_sweep_choices(tmp_path, monkeypatch):
         splits.append((task.key, train_split, eval_split))
         return (lambda b: None), (lambda b: None)
 
-    def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, callbacks=(), save_model=True):
-        fits.append((config["learning_rate"], config["total_steps"], config["warmup_steps"]))
-        score = 0.9 if (config["learning_rate"], config["total_steps"]) == (0.003, 2500) else 0.5
-        return {"accuracy": score, "eval_examples": 200, "steps": config["total_steps"]}
+    def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, **kwargs):
+        fits.append((config.learning_rate, config.total_steps, config.warmup_steps))
+        score = 0.9 if (config.learning_rate, config.total_steps) == (0.003, 2500) else 0.5
+        return {"accuracy": score, "eval_examples": 200, "steps": config.total_steps}
 
     monkeypatch.setattr(runner, "task_data", task_data)
     monkeypatch.setattr(finetune, "fit_one", fit_one)

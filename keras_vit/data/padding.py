@@ -1,0 +1,38 @@
+"""Evaluation batches of one static size, padded with weight-0 rows."""
+
+import tensorflow as tf
+
+
+def pad_batches(dataset, batch_size):
+    """`(images, labels)` batches -> `(images, labels, weights)` batches of
+    exactly `batch_size` rows: the last batch is padded with weight-0 rows.
+
+    One static shape for every evaluation step (one compiled function, XLA
+    and TPU friendly) and batches that split evenly over replicas. Weighted
+    metrics (and a weighted loss metric) then count the real examples only.
+
+    Args:
+        dataset: a `tf.data.Dataset` of `(images, labels)` batches of at most
+            `batch_size` rows, e.g. an evaluation pipeline of
+            `keras_vit.data`.
+        batch_size: int, the size of every output batch.
+
+    Returns:
+        A `tf.data.Dataset` of `(images, labels, weights)`; `weights` is
+        float32 `(batch_size,)`, 1 for real rows and 0 for padding.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+
+    def pad(images, labels):
+        n = tf.shape(images)[0]
+        missing = batch_size - n
+        images = tf.pad(images, [[0, missing]] + [[0, 0]] * (len(images.shape) - 1))
+        labels = tf.pad(labels, [[0, missing]] + [[0, 0]] * (len(labels.shape) - 1))
+        weights = tf.concat([tf.ones([n]), tf.zeros([missing])], 0)
+        images.set_shape([batch_size] + images.shape[1:].as_list())
+        labels.set_shape([batch_size] + labels.shape[1:].as_list())
+        weights.set_shape([batch_size])
+        return images, labels, weights
+
+    return dataset.map(tf.autograph.experimental.do_not_convert(pad))

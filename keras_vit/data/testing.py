@@ -1,0 +1,78 @@
+"""Generated stand-ins for tensorflow-datasets, for smoke runs and tests.
+
+`mock_tfds()` replaces every tfds dataset by a few generated examples with
+the features keras_vit's sources and VTAB tasks read, so a whole pipeline
+(and the recipes' `--smoke`) runs without any download.
+"""
+
+import contextlib
+import os
+import shutil
+import tempfile
+
+import tensorflow as tf
+
+# Builders whose images are grey-scale (one channel); dSprites pixels are 0/1.
+_GREY = ("dsprites", "smallnorb")
+
+
+def _example(name, num_classes, channels):
+    def example(i):
+        pixels = tf.random.stateless_uniform(
+            [8, 8, channels], seed=tf.stack([i, tf.constant(7, tf.int64)]), maxval=256, dtype=tf.int32,
+        )
+        if name == "dsprites":
+            pixels = pixels % 2
+        out = {"image": tf.io.encode_png(tf.cast(pixels, tf.uint8)), "label": i % num_classes}
+        if name == "clevr":
+            count = 3 + i % 8
+            depth = 7.0 + tf.cast(i % 7, tf.float32) * 0.6
+            out["objects"] = {
+                "size": tf.zeros([count], tf.int64),
+                "pixel_coords": tf.fill(tf.stack([count, tf.constant(3, tf.int64)]), depth),
+            }
+        elif name == "kitti":
+            out["objects"] = {
+                "type": tf.constant([0, 3], tf.int64),
+                "location": tf.reshape(
+                    tf.stack([0.0, 0.0, 5.0 + 10.0 * tf.cast(i % 3, tf.float32), 0.0, 0.0, 1.0]), [2, 3]
+                ),
+            }
+        elif name == "dsprites":
+            out["label_x_position"] = i % 32
+            out["label_orientation"] = i % 40
+        elif name == "smallnorb":
+            out["label_azimuth"] = i % 18
+            out["label_elevation"] = i % 9
+        return out
+
+    return example
+
+
+@contextlib.contextmanager
+def mock_tfds(num_examples=16):
+    """Replaces every tensorflow-datasets dataset by generated examples.
+
+    Every split of every builder yields `num_examples` examples with the
+    features keras_vit reads (`image` as PNG bytes, `label`, and for the VTAB
+    tasks CLEVR/KITTI `objects` and the dSprites / sNORB attributes) in their
+    valid ranges. Yields a manual-download directory (holding a placeholder
+    file) for datasets such as ImageNet; it is deleted on exit.
+    """
+    import tensorflow_datasets as tfds
+
+    def as_dataset(builder, split, decoders=None, read_config=None, shuffle_files=False, **kwargs):
+        features = builder.info.features
+        label = features["label"] if "label" in features else None
+        num_classes = getattr(label, "num_classes", None) or 10
+        channels = 1 if builder.name in _GREY else 3
+        return tf.data.Dataset.range(num_examples).map(_example(builder.name, num_classes, channels))
+
+    manual_dir = tempfile.mkdtemp(prefix="keras_vit_mock_manual_")
+    with open(os.path.join(manual_dir, "placeholder"), "w") as f:
+        f.write("tensorflow-datasets is mocked (keras_vit.data.testing.mock_tfds)\n")
+    try:
+        with tfds.testing.mock_data(num_examples=num_examples, as_dataset_fn=as_dataset):
+            yield manual_dir
+    finally:
+        shutil.rmtree(manual_dir, ignore_errors=True)

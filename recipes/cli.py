@@ -1,0 +1,204 @@
+"""One command-line dialect for every recipe.
+
+`python -m recipes.<recipe> [--config=NAME] [--smoke] [--field=value ...]`:
+the value of a field is, by increasing priority, its default, the named
+config, the smoke settings, then the flag (`--field=value`, `--field
+value`, dashes for underscores: `--learning-rate`). Types come from the
+config dataclass: numbers, `true`/`false` (a bare `--flag` is true),
+`none` for optional fields, comma-separated lists, JSON objects.
+
+Nothing here imports Keras or TensorFlow: `--help` and bad flags answer at
+once. Expected failures (a bad flag, a config mismatch, a missing dataset,
+no TPU, ...) end in one line `error: ...` and exit status 2, no traceback.
+"""
+
+import argparse
+import json
+import sys
+import typing
+
+NONE = ("none", "null", "")
+
+
+class RecipeError(ValueError):
+    """An expected failure: reported as one `error:` line, exit status 2."""
+
+
+def parse_bool(text):
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parse_json(text):
+    if isinstance(text, dict):
+        return dict(text)
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({e})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def parser_for(annotation):
+    """`(parse function, metavar)` of a config field's type annotation."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        parse, metavar = parser_for(inner)
+
+        def parse_optional(text):
+            if text is None or str(text).strip().lower() in NONE:
+                return None
+            return parse(text)
+
+        return parse_optional, metavar
+    if origin is tuple:
+        item = args[0]
+
+        def parse_list(text):
+            if isinstance(text, (list, tuple)):
+                return tuple(item(t) for t in text)
+            parts = [p for p in str(text).replace(" ", "").split(",") if p]
+            if not parts:
+                raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}")
+            try:
+                return tuple(item(p) for p in parts)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"expected comma-separated {item.__name__}s, got {text!r}"
+                ) from None
+
+        return parse_list, f"{item.__name__.upper()}S"
+    if annotation is bool:
+        return parse_bool, "BOOL"
+    if annotation is dict:
+        return _parse_json, "JSON"
+    if annotation in (int, float, str):
+        return annotation, annotation.__name__.upper()
+    raise TypeError(f"Unsupported config field type {annotation!r}")
+
+
+def _show(value):
+    if isinstance(value, (tuple, list)):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value)
+    return "none" if value is None else str(value)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line, as every other expected failure.
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _prescan(argv, prog):
+    """`--config` and `--smoke` before the full parser (they choose the
+    defaults it shows). Only whole flags count: a value that happens to
+    contain `--smoke` is not one."""
+    name, smoke = None, False
+    for i, token in enumerate(argv):
+        if token == "--config" and i + 1 < len(argv):
+            name = argv[i + 1]
+        elif token.startswith("--config="):
+            name = token.split("=", 1)[1]
+        elif token == "--smoke":
+            smoke = True
+        elif token.startswith("--smoke="):
+            try:
+                smoke = parse_bool(token.split("=", 1)[1])
+            except argparse.ArgumentTypeError as e:
+                _Parser(prog=prog).error(f"argument --smoke: {e}")
+    return name, smoke
+
+
+def parse(argv, configs, *, prog, description, aliases=None):
+    """Parses `argv` into `(config_name, config, smoke)`.
+
+    Args:
+        argv: command-line arguments (without the program name), or None for
+            `sys.argv[1:]`.
+        configs: the recipe's config module (`CONFIGS`, `DEFAULT`,
+            `get_config(name, smoke)`).
+        prog: program name in messages.
+        description: text of `--help`.
+        aliases: optional `{older flag: field}` still accepted (hidden from
+            `--help`), e.g. `{"out": "run_dir"}`.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name, smoke = _prescan(argv, prog)
+    name = configs.DEFAULT if name is None else name
+    if name not in configs.CONFIGS:
+        _Parser(prog=prog).error(
+            f"unknown config; expected one of {sorted(configs.CONFIGS)}. Received: config={name!r}"
+        )
+    config = configs.get_config(name, smoke=smoke)
+    epilog = "Named configs (--config=NAME):\n" + "\n".join(
+        f"  {n}: {(f.__doc__ or '').strip().splitlines()[0]}" for n, f in configs.CONFIGS.items()
+    )
+    parser = _Parser(
+        prog=prog, description=description, epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", default=configs.DEFAULT, choices=sorted(configs.CONFIGS),
+                        help=f"named config (default: {configs.DEFAULT})")
+    parser.add_argument("--smoke", nargs="?", const=True, default=False, type=parse_bool,
+                        help="a tiny model for a few steps on generated data: checks the set-up, no download")
+    types = type(config).types()
+    by_field = {}
+    for field in type(config).__dataclass_fields__.values():
+        parse_value, metavar = parser_for(types[field.name])
+        value = getattr(config, field.name)
+        kwargs = dict(type=parse_value, default=value, metavar=metavar, dest=field.name)
+        if metavar == "BOOL":
+            kwargs.update(nargs="?", const=True)
+        flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
+        help_text = f"{field.metadata.get('help', '')} (default: {_show(value)})"
+        # argparse %-formats help strings.
+        parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)
+        by_field[field.name] = kwargs
+    for old, field in (aliases or {}).items():
+        parser.add_argument(f"--{old}", help=argparse.SUPPRESS, **dict(by_field[field], default=argparse.SUPPRESS))
+    args = parser.parse_args(argv)
+    for field in by_field:
+        setattr(config, field, getattr(args, field))
+    return args.config, config, bool(args.smoke)
+
+
+def check_choice(config, field, choices):
+    """`config.<field>` must be one of `choices`, else an expected failure
+    naming the flag."""
+    value = getattr(config, field)
+    if value not in choices:
+        raise RecipeError(f"--{field} must be one of {list(choices)}. Received: --{field}={value}")
+    return value
+
+
+def one_line(error, details=3):
+    """A message on one line: a multi-line message (e.g. the weight loader's
+    list of mismatches) keeps its first `details` lines after the first."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if len(lines) <= details + 1:
+        return "; ".join(lines)
+    return "; ".join(lines[: details + 1]) + f"; ... ({len(lines) - details - 1} more lines)"
+
+
+def run_command(main):
+    """Runs a recipe's `main()` as a command: an expected failure prints one
+    `error:` line and exits with status 2."""
+    try:
+        return main()
+    except RecipeError as error:
+        sys.stderr.write(f"error: {one_line(error)}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted: the same command resumes from the last checkpoint\n")
+        sys.exit(130)

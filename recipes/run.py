@@ -1,0 +1,776 @@
+"""The run skeleton every training recipe uses.
+
+One run directory per run (`config.json` checked on reuse, `--overwrite`
+to start over), the distribution and batch checks before any work, a start
+header, `model.fit` with resumable checkpoints, progress counted in
+updates, a labelled evaluation, the learning-rate sweep, and the summary
+(`summary.json`, printed again by a finished re-run).
+
+Glue over keras_vit's library code (`keras_vit.data`, `keras_vit.training`,
+`keras_vit.distribute`, the models and weights); Keras and TensorFlow are
+imported inside the functions, after the flags are parsed.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+
+from recipes.cli import RecipeError
+from recipes.cli import parse_bool
+
+# Fields that may change between an interrupted run and its resumption.
+RESUMABLE_CHANGES = frozenset(
+    ("run_dir", "overwrite", "distribution", "verbose", "data_dir", "download", "manual_dir", "tasks",
+     "jit_compile", "steps_per_execution")
+)
+
+# ---------------------------------------------------------------------------
+# Files.
+# ---------------------------------------------------------------------------
+
+
+def _json_default(value):
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return str(value)
+
+
+def write_json(path, value):
+    """Writes JSON atomically (a kill never leaves half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(suffix=".json", dir=directory)
+    with os.fdopen(handle, "w") as f:
+        json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
+        f.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_json(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def jsonable(config):
+    """A config (dataclass) as plain JSON values."""
+    return json.loads(json.dumps(config.to_dict(), default=_json_default))
+
+
+def open_run_dir(config, recipe, config_name):
+    """Creates (or reopens) the run directory and records the config.
+
+    A run directory holds one run: started again with the same config it
+    resumes; with a different config it is an error naming the fields,
+    unless `overwrite` is set or nothing was written there but the config.
+    """
+    run_dir = config.run_dir or os.path.join("runs", recipe, config_name or "custom")
+    config.run_dir = run_dir
+    path = os.path.join(run_dir, "config.json")
+    saved = read_json(path)
+    if saved is not None and config.overwrite:
+        shutil.rmtree(run_dir)
+        saved = None
+    current = jsonable(config)
+    # A directory where nothing ran yet (a start that failed its checks)
+    # takes the new config.
+    started = saved is not None and any(name != "config.json" for name in os.listdir(run_dir))
+    if started:
+        before = saved.get("config", {})
+        changed = sorted(
+            k for k in set(before) | set(current)
+            if k not in RESUMABLE_CHANGES and before.get(k) != current.get(k)
+        )
+        if changed:
+            details = ", ".join(f"{k}: {before.get(k)!r} -> {current.get(k)!r}" for k in changed)
+            raise RecipeError(
+                f"the run directory {run_dir} holds a run with another config ({details}). "
+                "Run the same command to resume it, pass another --run_dir, or --overwrite "
+                f"to start over. Received: run_dir={run_dir!r}"
+            )
+    os.makedirs(run_dir, exist_ok=True)
+    write_json(path, {"recipe": recipe, "config_name": config_name, "config": current})
+    return run_dir
+
+
+# ---------------------------------------------------------------------------
+# Checks before any work.
+# ---------------------------------------------------------------------------
+
+
+def check_schedule(config, total_steps=None, warmup_steps=None):
+    """Validates the step settings; returns `(log_every, checkpoint_every)`
+    with log_every dividing total_steps (Keras epochs have a fixed size)."""
+    total = config.total_steps if total_steps is None else total_steps
+    warmup = config.warmup_steps if warmup_steps is None else warmup_steps
+    values = dict(total_steps=total, batch_size=config.batch_size, accum_steps=config.accum_steps,
+                  log_every=config.log_every, checkpoint_every=config.checkpoint_every)
+    if hasattr(config, "eval_batch_size"):
+        values["eval_batch_size"] = config.eval_batch_size
+    for name, value in values.items():
+        if not isinstance(value, int) or value <= 0:
+            raise RecipeError(f"--{name} must be a positive int. Received: --{name}={value!r}")
+    if config.batch_size % config.accum_steps:
+        raise RecipeError(
+            "--batch_size must be a multiple of --accum_steps (micro-batch = batch_size / "
+            f"accum_steps). Received: --batch_size={config.batch_size}, --accum_steps={config.accum_steps}"
+        )
+    if not 0 <= warmup < total:
+        raise RecipeError(f"--warmup_steps must be in [0, total_steps={total}). Received: --warmup_steps={warmup}")
+    log_every = min(config.log_every, total)
+    while total % log_every:
+        log_every -= 1
+    eval_every = getattr(config, "eval_every", 0) or 0
+    if eval_every and eval_every % log_every:
+        raise RecipeError(f"--eval_every must be a multiple of log_every={log_every}. Received: --eval_every={eval_every}")
+    return log_every, config.checkpoint_every
+
+
+def check_batches(config, setup):
+    """Every batch must split evenly over the replicas: said before any work,
+    naming the flag to change."""
+    replicas = setup.num_replicas
+    accum = config.accum_steps
+    micro = config.batch_size // accum
+    if micro % replicas:
+        step = accum * replicas
+        fix = max(step, (config.batch_size + step - 1) // step * step)
+        raise RecipeError(
+            f"--batch_size={config.batch_size} with --accum_steps={accum} gives micro-batches of {micro}, "
+            f"which do not split over the {replicas} replicas of distribution {setup.mode!r}: use "
+            f"--batch_size={fix} (a multiple of accum_steps x replicas = {step})."
+        )
+    eval_batch = getattr(config, "eval_batch_size", None)
+    if eval_batch is not None and eval_batch % replicas:
+        fix = (eval_batch + replicas - 1) // replicas * replicas
+        raise RecipeError(
+            f"--eval_batch_size={eval_batch} does not split over the {replicas} replicas of "
+            f"distribution {setup.mode!r}: use --eval_batch_size={fix}."
+        )
+
+
+def check_model(config):
+    """An unknown `--model` is refused before any work."""
+    from keras_vit.models import variants
+
+    if config.model is None:
+        return None
+    try:
+        return variants.resolve_variant(config.model)[0]
+    except ValueError as error:
+        raise RecipeError(f"--model={config.model}: {error}") from None
+
+
+def set_up(config):
+    """Seeds, dtype policy and the distribution; returns the
+    `keras_vit.distribute.DistributionSetup`."""
+    import keras
+
+    from keras_vit import distribute
+
+    keras.utils.set_random_seed(config.seed)
+    try:
+        keras.config.set_dtype_policy(config.dtype_policy)
+    except ValueError as error:
+        raise RecipeError(f"--dtype_policy={config.dtype_policy}: {error}") from None
+    try:
+        return distribute.get_distribution(config.distribution)
+    except (ValueError, RuntimeError) as error:
+        raise RecipeError(f"--distribution={config.distribution}: {error}") from None
+
+
+def environment(setup):
+    import keras
+
+    return {
+        "backend": keras.backend.backend(),
+        "keras_version": keras.__version__,
+        "distribution": setup.mode,
+        "replicas": setup.num_replicas,
+        "dtype_policy": keras.config.dtype_policy().name,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Data.
+# ---------------------------------------------------------------------------
+
+
+def _looks_like_path(dataset):
+    return os.sep in dataset or dataset.startswith((".", "~")) or dataset.startswith("gs://")
+
+
+def load_source(config, split):
+    """A `keras_vit.data.DataSource` for one split of `config.dataset`: a
+    tfds dataset (any split string) or `<folder>/<split>/<class>/<image>`."""
+    from keras_vit import data
+
+    dataset = config.dataset
+    if not dataset:
+        raise RecipeError(
+            "this config needs a dataset: a tfds name or a folder with one sub-folder per "
+            "split (e.g. train/ and val/), each holding one sub-folder of images per class. "
+            f"Pass --dataset=... Received: --dataset={dataset}"
+        )
+    if _looks_like_path(dataset) or os.path.isdir(dataset):
+        folder = os.path.join(os.path.expanduser(dataset), split)
+        if not dataset.startswith("gs://") and not os.path.isdir(folder):
+            raise RecipeError(f"no folder {folder} (--dataset={dataset}, split {split!r}).")
+        try:
+            return data.from_directory(folder)
+        except ValueError as error:
+            raise RecipeError(f"--dataset={dataset}: {error}") from None
+    try:
+        return data.from_tfds(
+            dataset, split, data_dir=config.data_dir, download=config.download, manual_dir=config.manual_dir
+        )
+    except data.DatasetNotAvailableError as error:
+        raise RecipeError(str(error)) from None
+
+
+def cache_setting(config):
+    value = str(config.cache).lower()
+    return "auto" if value == "auto" else parse_bool(value)
+
+
+@contextlib.contextmanager
+def _fast_jax_compiles():
+    """On JAX, XLA's optimisation passes cost more than they save on the
+    tiny smoke models (seconds per compilation, one per task and head size)."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        yield
+        return
+    import jax
+
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+
+
+@contextlib.contextmanager
+def smoke_mode(config, smoke):
+    """`--smoke`: fast compilations and, for a tfds dataset, every tfds
+    dataset replaced by generated examples (`keras_vit.data.testing`)."""
+    if not smoke:
+        yield
+        return
+    dataset = getattr(config, "dataset", None)
+    with _fast_jax_compiles():
+        if dataset and (_looks_like_path(dataset) or os.path.isdir(dataset)):
+            yield
+            return
+        from keras_vit.data import testing
+
+        with testing.mock_tfds() as manual_dir:
+            previous = config.manual_dir
+            config.manual_dir = previous or manual_dir
+            try:
+                yield
+            finally:
+                config.manual_dir = previous
+
+
+def steps_from_epochs(epochs, num_examples, batch_size):
+    """round(epochs * examples / batch), at least 1."""
+    return max(1, int(round(epochs * num_examples / batch_size)))
+
+
+def data_line(train_split, train_source, eval_split=None, eval_source=None):
+    """The header's line about the data: splits, sizes, classes."""
+
+    def describe(label, split, source):
+        size = f"{source.num_examples:,} examples" if source.num_examples else "size unknown"
+        return f"{label} {split!r} ({size}, {source.num_classes} classes)"
+
+    parts = [describe("train", train_split, train_source)]
+    if eval_source is not None:
+        parts.append(describe("evaluation", eval_split, eval_source))
+    return "  data: " + ", ".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# Models.
+# ---------------------------------------------------------------------------
+
+
+def model_kwargs(config):
+    """Keyword arguments of `keras_vit.ViT` from the config."""
+    kwargs = dict(config.model_overrides)
+    if config.dropout_rate is not None:
+        kwargs["dropout_rate"] = config.dropout_rate
+    return kwargs
+
+
+def inherited_dropout_warning(config):
+    """Issue 13: a custom model silently took a named config's dropout."""
+    if config.model is None and config.dropout_rate and "dropout_rate" not in config.model_overrides:
+        return (
+            f"warning: the custom model (--model=none) trains with this config's dropout_rate="
+            f"{config.dropout_rate:g}; pass --dropout_rate=0 to train without dropout."
+        )
+    return None
+
+
+def build_vit(config, **kwargs):
+    """`keras_vit.ViT(config.model, ...)`; a bad override is an expected
+    failure."""
+    import keras_vit
+
+    try:
+        return keras_vit.ViT(config.model, **{**model_kwargs(config), **kwargs})
+    except (ValueError, TypeError) as error:
+        raise RecipeError(f"the model (--model={config.model}, --model_overrides): {error}") from None
+
+
+def zero_head(model, bias=0.0):
+    """Zero head kernel, constant bias: the fresh head of paper Sec. 3.2."""
+    import numpy as np
+
+    head = model.get_layer("head")
+    head.kernel.assign(np.zeros(tuple(head.kernel.shape), "float32"))
+    head.bias.assign(np.full(tuple(head.bias.shape), bias, "float32"))
+
+
+def hidden_size(config):
+    """The width of the configured model, without building it."""
+    from keras_vit.models import variants
+
+    if "hidden_size" in config.model_overrides:
+        return int(config.model_overrides["hidden_size"])
+    if config.model is None:
+        return int(variants.DEFAULTS["hidden_size"])
+    return int(variants.resolve_variant(config.model)[1]["hidden_size"])
+
+
+# ---------------------------------------------------------------------------
+# Compilation, metrics, progress.
+# ---------------------------------------------------------------------------
+
+
+def _weighted_loss_metric(loss):
+    """The loss as a weighted metric named `loss`.
+
+    Evaluation batches are padded with weight-0 rows (`pad_batches`); Keras'
+    own loss tracker averages batch losses weighted by the padded batch
+    size, so padding would shrink `val_loss`. This metric averages the
+    per-example loss over the real examples; Keras reports compiled metrics
+    after its loss tracker, so it is the `loss` of the logs (pinned by
+    tests/test_recipes.py). Training batches are unweighted: the same
+    number as the tracker's.
+    """
+    import keras
+
+    return keras.metrics.MeanMetricWrapper(
+        lambda y_true, y_pred: loss.call(y_true, y_pred), name="loss"
+    )
+
+
+def _example_count():
+    """A metric counting the evaluated examples (weights summed)."""
+    import keras
+
+    class ExampleCount(keras.metrics.Metric):
+        def __init__(self, name="examples", **kwargs):
+            super().__init__(name=name, **kwargs)
+            self.total = self.add_variable(shape=(), initializer="zeros", name="total", dtype="float32")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            ops = keras.ops
+            if sample_weight is None:
+                count = ops.cast(ops.shape(y_true)[0], "float32")
+            else:
+                count = ops.sum(ops.cast(sample_weight, "float32"))
+            self.total.assign_add(count)
+
+        def result(self):
+            return keras.ops.cast(self.total, "float32")
+
+        def reset_state(self):
+            self.total.assign(0.0)
+
+    return ExampleCount()
+
+
+def compile_model(model, optimizer, loss, config):
+    import keras
+
+    value = str(config.jit_compile).lower()
+    model.compile(
+        optimizer=optimizer,
+        loss=loss,
+        jit_compile="auto" if value == "auto" else parse_bool(value),
+        steps_per_execution=config.steps_per_execution,
+        # Weighted: evaluation batches are padded with weight-0 rows.
+        weighted_metrics=[
+            keras.metrics.CategoricalAccuracy(name="accuracy"), _example_count(), _weighted_loss_metric(loss)
+        ],
+    )
+
+
+HIDDEN_METRICS = ("examples",)
+
+
+def progress(total_steps, log_every, accum, verbose):
+    """A Keras callback showing training in updates (not micro-batches) and
+    the evaluation under a label; replaces Keras' own progress bars."""
+    import keras
+
+    class Progress(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.bar = None
+            self.eval_label = "evaluation"
+
+        def _shown(self, logs):
+            return [(k, float(v)) for k, v in (logs or {}).items() if k.removeprefix("val_") not in HIDDEN_METRICS]
+
+        def _update(self, bar, step, logs, finalize=None):
+            shown = self._shown(logs)
+            # Keras' logs are running means already: show them as they are.
+            bar.stateful_metrics = set(name for name, _ in shown)
+            bar.update(step, values=shown, finalize=finalize)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            if verbose == 1:
+                first = epoch * log_every
+                print(f"Updates {first + 1}-{first + log_every} of {total_steps}", flush=True)
+                self.bar = keras.utils.Progbar(log_every, unit_name="update")
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.bar is not None and (batch + 1) % accum == 0:
+                self._update(self.bar, (batch + 1) // accum, logs)
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.bar = None
+            if verbose == 2:
+                text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
+                print(f"update {(epoch + 1) * log_every}/{total_steps}: {text}", flush=True)
+
+        def on_test_begin(self, logs=None):
+            self.test_batches = 0
+            if verbose == 1:
+                print(f"Evaluating on {self.eval_label}", flush=True)
+                self.test_bar = keras.utils.Progbar(None, unit_name="batch")
+
+        def on_test_batch_end(self, batch, logs=None):
+            self.test_batches = batch + 1
+            if verbose == 1:
+                self._update(self.test_bar, self.test_batches, logs)
+
+        def on_test_end(self, logs=None):
+            if verbose == 1:
+                self._update(self.test_bar, self.test_batches, logs, finalize=True)
+            elif verbose == 2:
+                text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
+                print(f"evaluation on {self.eval_label}: {text}", flush=True)
+
+    return Progress()
+
+
+def resumed_message(backup, total):
+    """A Keras callback printing `Resumed from update N of M` once
+    `backup` (a BackupAndResume before it in the list) has loaded."""
+    import keras
+
+    class Resumed(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            if backup.resumed_from:
+                print(f"Resumed from update {backup.resumed_from['step']} of {total}", flush=True)
+
+    return Resumed()
+
+
+def throughput_timer(skip=2):
+    """A Keras callback timing the training batches after the first `skip`
+    (compilation, warm-up), for the throughput in the summary."""
+    import keras
+
+    class Timer(keras.callbacks.Callback):
+        def __init__(self):
+            super().__init__()
+            self.batches = 0
+            self.start = None
+            self.timed_batches = 0
+            self.elapsed = 0.0
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches += 1
+            now = time.perf_counter()
+            if self.batches == skip:
+                self.start = now
+            elif self.start is not None:
+                self.timed_batches = self.batches - skip
+                self.elapsed = now - self.start
+
+    return Timer()
+
+
+_WARNED = {"tensorboard": False}
+
+
+def tensorboard_available():
+    """TensorBoard logs need the `tensorboard` package; without it the run
+    logs to history.csv only."""
+    import importlib.util
+
+    available = importlib.util.find_spec("tensorboard") is not None
+    if not available and not _WARNED["tensorboard"]:
+        _WARNED["tensorboard"] = True
+        print("Note: `tensorboard` is not installed, so no TensorBoard logs are written "
+              "(history.csv has the same numbers). `pip install tensorboard` to get them.")
+    return available
+
+
+# ---------------------------------------------------------------------------
+# Training and evaluation.
+# ---------------------------------------------------------------------------
+
+
+def print_header(lines):
+    print("\n".join(line for line in lines if line), flush=True)
+
+
+def train_and_evaluate(
+    config,
+    *,
+    run_dir,
+    setup,
+    build,
+    train_data,
+    eval_data=None,
+    eval_label="the test split",
+    header=(),
+    callbacks=(),
+    save=None,
+):
+    """Trains one model for `config.total_steps` updates and evaluates it.
+
+    Resumable: a `result.json` in `run_dir` means the run is finished (its
+    result is returned as is); otherwise training starts, or resumes from
+    the checkpoint in `run_dir/checkpoints` after an interruption
+    (`keras_vit.training.BackupAndResume`), and ends with the same number
+    of updates.
+
+    Args:
+        config: the recipe's config (steps, batch sizes, logging).
+        run_dir: directory of this run.
+        setup: a `keras_vit.distribute.DistributionSetup`.
+        build: function `() -> (compiled model, list of notes)`, called in
+            the distribution scope.
+        train_data: function `(micro_batch_size) -> tf.data.Dataset` of
+            training batches (repeating).
+        eval_data: function `(batch_size) -> tf.data.Dataset` of evaluation
+            batches (one pass), or None.
+        eval_label: what the evaluation runs on, for the progress output.
+        header: lines printed at the start (before the model's).
+        callbacks: extra Keras callbacks.
+        save: function `(model, run_dir) -> dict of written files`, or None.
+
+    Returns:
+        The result dict (also in `run_dir/result.json`).
+    """
+    import keras
+
+    from keras_vit import training
+    from keras_vit.data.padding import pad_batches
+
+    result_path = os.path.join(run_dir, "result.json")
+    finished = read_json(result_path)
+    if finished is not None:
+        return finished
+    log_every, checkpoint_every = check_schedule(config)
+    accum = config.accum_steps
+    micro_batch = config.batch_size // accum
+    total = config.total_steps
+    verbose = config.verbose
+    os.makedirs(run_dir, exist_ok=True)
+    start = time.perf_counter()
+    eval_batch = getattr(config, "eval_batch_size", None)
+
+    def padded_eval():
+        return pad_batches(eval_data(eval_batch), eval_batch)
+
+    with setup.scope():
+        model, notes = build()
+        if verbose:
+            print_header([
+                *header,
+                f"  model: {model.name}, {model.count_params():,} parameters",
+                *(f"    {note}" for note in notes),
+                f"  updates: {total:,} of {config.batch_size}"
+                + (f" ({accum} x {micro_batch})" if accum > 1 else "")
+                + f", warmup {config.warmup_steps}, lr {config.learning_rate:g}; "
+                f"log every {log_every}, checkpoint every {checkpoint_every}",
+            ])
+        backup = training.BackupAndResume(os.path.join(run_dir, "checkpoints"), save_freq=checkpoint_every * accum)
+        timer = throughput_timer()
+        shown = progress(total, log_every, accum, verbose)
+        shown.eval_label = eval_label
+        fit_callbacks = [
+            backup,
+            resumed_message(backup, total),
+            keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
+            timer,
+            shown,
+            *callbacks,
+        ]
+        if tensorboard_available():
+            fit_callbacks.insert(3, keras.callbacks.TensorBoard(os.path.join(run_dir, "logs"), write_graph=False))
+        validation = {}
+        eval_every = getattr(config, "eval_every", 0) or 0
+        if eval_every and eval_data is not None:
+            validation = dict(validation_data=padded_eval(), validation_freq=eval_every // log_every)
+        history = model.fit(
+            train_data(micro_batch),
+            steps_per_epoch=log_every * accum,
+            epochs=total // log_every,
+            shuffle=False,
+            verbose=0,
+            callbacks=fit_callbacks,
+            **validation,
+        )
+        # Keras counts real updates (micro-batches // accum_steps) in `iterations`.
+        steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        train_time = time.perf_counter() - start
+        evaluation = {}
+        if eval_data is not None:
+            logs = model.evaluate(padded_eval(), verbose=0, return_dict=True, callbacks=[shown])
+            evaluation = {
+                "accuracy": float(logs["accuracy"]),
+                "eval_loss": float(logs["loss"]),
+                "eval_examples": int(round(logs["examples"])),
+            }
+
+    losses = history.history.get("loss") or []
+    result = {
+        "steps": steps,
+        "batch_size": config.batch_size,
+        "accum_steps": accum,
+        "examples_seen": steps * config.batch_size,
+        "final_loss": float(losses[-1]) if losses else None,
+        "images_per_second": timer.timed_batches * micro_batch / timer.elapsed if timer.elapsed > 0 else None,
+        "train_wall_time_s": train_time,
+        "wall_time_s": time.perf_counter() - start,
+        "resumed_from_step": backup.resumed_from["step"] if backup.resumed_from else None,
+        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+        "notes": notes,
+        **evaluation,
+    }
+    if save is not None:
+        result.update(save(model, run_dir))
+    write_json(result_path, result)
+    return result
+
+
+def save_classifier(model, run_dir):
+    """`model.keras` (weights and architecture, no optimizer state) and the
+    original-format `model.npz`."""
+    import keras
+
+    import keras_vit
+
+    npz = keras_vit.export_npz(model, os.path.join(run_dir, "model.npz"))
+    # A copy without the optimizer: the final model is for inference and
+    # fine-tuning; resumable state lives in checkpoints/.
+    final = keras.Model.from_config(model.get_config())
+    final.set_weights(model.get_weights())
+    path = os.path.join(run_dir, "model.keras")
+    final.save(path)
+    return {"model_keras": path, "model_npz": npz}
+
+
+def sweep(grid, fit, label):
+    """Runs `fit(changes, name)` (returning a validation accuracy) for each
+    `(name, changes)` of `grid`; returns `(best changes, rows)`.
+
+    The first of the best wins ties (the grids are in increasing order:
+    smaller learning rates, shorter runs first), as the paper's protocol.
+    """
+    rows = []
+    for name, changes in grid:
+        accuracy = fit(changes, name)
+        rows.append(dict(changes, val_accuracy=accuracy))
+        print(f"sweep {name}: accuracy on {label} {accuracy:.4f}", flush=True)
+    best = max(rows, key=lambda row: row["val_accuracy"])
+    return {k: v for k, v in best.items() if k != "val_accuracy"}, rows
+
+
+# ---------------------------------------------------------------------------
+# The skeleton.
+# ---------------------------------------------------------------------------
+
+
+def start_header(recipe, run_dir, setup, config):
+    """The first lines of a run: where it writes, how it runs."""
+    import keras
+
+    lines = [
+        f"== {recipe}: {run_dir}",
+        f"  tensorboard --logdir {os.path.join(run_dir, 'logs')}",
+        f"  backend {keras.backend.backend()}, distribution {setup.mode} ({setup.num_replicas} "
+        f"replica{'s' if setup.num_replicas != 1 else ''}), dtype policy {config.dtype_policy}",
+    ]
+    if getattr(config, "model", "absent") != "absent":
+        weights = getattr(config, "weights", None)
+        lines.append(f"  model {config.model or 'custom'}" + (f", weights {weights}" if weights else ", random init"))
+        warning = inherited_dropout_warning(config)
+        if warning:
+            lines.append(warning)
+    return lines
+
+
+def print_summary(title, summary, keys):
+    lines = [title]
+    for key in keys:
+        if summary.get(key) is not None:
+            value = summary[key]
+            if isinstance(value, float):
+                value = f"{value:.4f}" if abs(value) < 10 else f"{value:.1f}"
+            lines.append(f"  {key}: {value}")
+    print("\n".join(lines), flush=True)
+
+
+def run_recipe(recipe, config, config_name, *, smoke, body, title, summary_keys):
+    """Opens the run directory, sets up the distribution, runs `body` and
+    writes the summary.
+
+    `body(run_dir, setup, header)` returns the recipe's result dict; `header`
+    are the start lines to print with the model's. A finished run (its
+    `summary.json` exists) prints the summary again and trains no more.
+    """
+    check_model(config)
+    run_dir = open_run_dir(config, recipe, config_name)
+    summary_path = os.path.join(run_dir, "summary.json")
+    done = read_json(summary_path)
+    if done is not None:
+        print_summary(f"{title} finished earlier: {run_dir}", done, summary_keys)
+        return done
+    start = time.perf_counter()
+    setup = set_up(config)
+    check_batches(config, setup)
+    header = start_header(recipe, run_dir, setup, config)
+    with smoke_mode(config, smoke):
+        result = body(run_dir, setup, header)
+    summary = {
+        "recipe": recipe,
+        "config_name": config_name,
+        "config": jsonable(config),
+        **result,
+        **environment(setup),
+        "total_wall_time_s": time.perf_counter() - start,
+    }
+    write_json(summary_path, summary)
+    print_summary(f"{title} finished: {run_dir}", summary, summary_keys)
+    return summary
