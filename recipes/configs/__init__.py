@@ -67,7 +67,7 @@ class RunFields(Config):
         "runs/<recipe>/<config>. The same command resumes an interrupted run")
     overwrite: bool = arg(False, "delete the run directory of an earlier run first")
     distribution: str = arg(
-        "auto", "auto, none, tpu, mirrored, multi_worker, data_parallel or model_parallel "
+        "auto", "auto, none, tpu, mirrored, data_parallel or model_parallel "
         "(keras_vit.distribute.get_distribution)")
     dtype_policy: str = arg(
         "float32", "Keras dtype policy, e.g. mixed_bfloat16 on TPUs (the head and losses stay float32)")
