@@ -59,13 +59,30 @@ def _batches(dataset, n):
 # ---------------------------------------------------------------------------
 
 
-def test_normalize_matches_preprocess_input():
-    x = tf.constant([[[0, 127, 255]]], tf.uint8)
-    np.testing.assert_allclose(ops.normalize(x).numpy(), [[[-1.0, -0.00392157, 1.0]]], atol=1e-7)
-    np.testing.assert_allclose(
-        ops.normalize(x).numpy(), keras.ops.convert_to_numpy(keras_vit.preprocess_input(x.numpy())),
-        atol=1e-6,
-    )
+def test_normalization_is_the_originals_bit_for_bit():
+    # vit_jax: (x - 127.5) / 127.5 in float32. `x / 127.5 - 1` differs by one
+    # ulp on 128 of the 256 values, so exact equality is the test.
+    x = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    want = (x.astype(np.float32) - np.float32(127.5)) / np.float32(127.5)
+    assert want.dtype == np.float32
+    assert (want != x.astype(np.float32) / np.float32(127.5) - 1).sum() > 0  # The test can fail.
+    # preprocess_input on the active backend, eager and compiled.
+    eager = keras.ops.convert_to_numpy(keras_vit.preprocess_input(x))
+    np.testing.assert_array_equal(eager, want)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        compiled = jax.jit(keras_vit.preprocess_input)(x)
+    elif backend == "tensorflow":
+        compiled = tf.function(keras_vit.preprocess_input, jit_compile=True)(tf.constant(x))
+    else:
+        compiled = keras_vit.preprocess_input(keras.ops.convert_to_tensor(x))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(compiled), want)
+    # The tf.data path: ops.normalize inside Dataset.map (a traced graph).
+    mapped = tf.data.Dataset.from_tensors(x[0]).map(ops.normalize)
+    np.testing.assert_array_equal(next(iter(mapped)).numpy(), want[0])
+    np.testing.assert_array_equal(ops.normalize(tf.constant(x)).numpy(), want)
 
 
 def test_inception_crop_area_and_aspect():
