@@ -1,5 +1,6 @@
 """Input pipelines: ops, RandAugment, mixup, sources and batches for fit."""
 
+import dataclasses
 import os
 
 import keras
@@ -561,3 +562,96 @@ def test_empty_class_folder_refused(tmp_path):
     with pytest.raises(ValueError) as info:
         keras_vit.data.from_directory(tmp_path)
     assert str(tmp_path / "dog") in str(info.value) and "hold no image files" in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# tfds' real preparation path, offline (issue 12): builders defined here run
+# tfds' own download_and_prepare, writing, reading and split code.
+# ---------------------------------------------------------------------------
+
+
+class KerasVitSortedTiny(tfds.core.GeneratorBasedBuilder):
+    """800 train and 50 test 8x8 images, stored class by class."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Test data."}
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(8, 8, 3)),
+                "label": tfds.features.ClassLabel(num_classes=NUM_SORTED_CLASSES),
+            }),
+            disable_shuffling=True,  # Keep the class order tfds would hash away.
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(800), "test": self._generate_examples(50)}
+
+    def _generate_examples(self, n):
+        for i in range(n):
+            label = i * NUM_SORTED_CLASSES // n
+            yield i, {"image": np.full((8, 8, 3), 20 * label, np.uint8), "label": label}
+
+
+class KerasVitBrokenPrepare(tfds.core.GeneratorBasedBuilder):
+    """Preparation fails the way a full disk or a missing package does."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Test data."}
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(8, 8, 3)),
+                "label": tfds.features.ClassLabel(num_classes=2),
+            })
+        )
+
+    def _split_generators(self, dl_manager):
+        raise OSError("No space left on device (simulated)")
+
+    def _generate_examples(self):  # pragma: no cover - never reached.
+        yield from ()
+
+
+@pytest.fixture(scope="module")
+def tiny_tfds(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("tfds")
+    # download=True (the default) runs tfds' download_and_prepare.
+    source = keras_vit.data.from_tfds("keras_vit_sorted_tiny", "train", data_dir=data_dir)
+    return data_dir, source
+
+
+def test_from_tfds_prepares_a_real_dataset_offline(tiny_tfds):
+    data_dir, source = tiny_tfds
+    assert (data_dir / "keras_vit_sorted_tiny" / "1.0.0" / "dataset_info.json").exists()
+    assert source.num_examples == 800 and source.num_classes == NUM_SORTED_CLASSES
+    labels = [int(ex["label"]) for ex in source.dataset]
+    assert labels == sorted(labels) and np.bincount(labels).tolist() == [80] * 10
+    # Prepared once: a second source reads it without preparing (download=False).
+    test = keras_vit.data.from_tfds("keras_vit_sorted_tiny", "test", data_dir=data_dir, download=False)
+    images, y = next(iter(keras_vit.data.finetune_pipeline(test, training=False, batch_size=50, image_size=8)))
+    pixels = (20 * y.numpy().argmax(-1)).astype(np.float32)
+    np.testing.assert_array_equal(images.numpy()[:, 0, 0, 0], (pixels - np.float32(127.5)) / np.float32(127.5))
+
+
+def test_tfds_and_vtab_training_mix_a_sorted_split(tiny_tfds):
+    data_dir, source = tiny_tfds
+    common = dict(batch_size=BUFFER, image_size=4, shuffle_buffer=BUFFER, seed=0)
+    finetune = keras_vit.data.finetune_pipeline(source, training=True, augmentation="resize", **common)
+    assert _chi_square_p(_first_labels(finetune)) > 1e-3
+    # The VTAB pipeline on the same data: a task whose tfds name points here.
+    task = dataclasses.replace(keras_vit.data.vtab.get_task("dtd"), tfds_name="keras_vit_sorted_tiny")
+    vtab = keras_vit.data.vtab.vtab_pipeline(task, "train800", data_dir=data_dir, download=False, **common)
+    labels = _first_labels(vtab)
+    assert len(labels) == 3 * BUFFER and _chi_square_p(labels) > 1e-3, np.bincount(labels)
+
+
+def test_failed_preparation_gives_the_cause_first(tmp_path):
+    with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
+        keras_vit.data.from_tfds("keras_vit_broken_prepare", data_dir=tmp_path)
+    message = str(info.value)
+    assert message.startswith("Preparing dataset 'keras_vit_broken_prepare' in ")
+    assert message.splitlines()[0].endswith("failed: OSError: No space left on device (simulated)")
+    assert "network access" in message.splitlines()[1]
