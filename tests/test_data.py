@@ -1,5 +1,6 @@
 """Input pipelines: ops, RandAugment, mixup, sources and batches for fit."""
 
+import dataclasses
 import os
 
 import keras
@@ -59,13 +60,30 @@ def _batches(dataset, n):
 # ---------------------------------------------------------------------------
 
 
-def test_normalize_matches_preprocess_input():
-    x = tf.constant([[[0, 127, 255]]], tf.uint8)
-    np.testing.assert_allclose(ops.normalize(x).numpy(), [[[-1.0, -0.00392157, 1.0]]], atol=1e-7)
-    np.testing.assert_allclose(
-        ops.normalize(x).numpy(), keras.ops.convert_to_numpy(keras_vit.preprocess_input(x.numpy())),
-        atol=1e-6,
-    )
+def test_normalization_is_the_originals_bit_for_bit():
+    # vit_jax: (x - 127.5) / 127.5 in float32. `x / 127.5 - 1` differs by one
+    # ulp on 128 of the 256 values, so exact equality is the test.
+    x = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    want = (x.astype(np.float32) - np.float32(127.5)) / np.float32(127.5)
+    assert want.dtype == np.float32
+    assert (want != x.astype(np.float32) / np.float32(127.5) - 1).sum() > 0  # The test can fail.
+    # preprocess_input on the active backend, eager and compiled.
+    eager = keras.ops.convert_to_numpy(keras_vit.preprocess_input(x))
+    np.testing.assert_array_equal(eager, want)
+    backend = keras.backend.backend()
+    if backend == "jax":
+        import jax
+
+        compiled = jax.jit(keras_vit.preprocess_input)(x)
+    elif backend == "tensorflow":
+        compiled = tf.function(keras_vit.preprocess_input, jit_compile=True)(tf.constant(x))
+    else:
+        compiled = keras_vit.preprocess_input(keras.ops.convert_to_tensor(x))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(compiled), want)
+    # The tf.data path: ops.normalize inside Dataset.map (a traced graph).
+    mapped = tf.data.Dataset.from_tensors(x[0]).map(ops.normalize)
+    np.testing.assert_array_equal(next(iter(mapped)).numpy(), want[0])
+    np.testing.assert_array_equal(ops.normalize(tf.constant(x)).numpy(), want)
 
 
 def test_inception_crop_area_and_aspect():
@@ -377,3 +395,263 @@ def test_pipeline_feeds_fit_on_active_backend(folder):
     images, labels = next(iter(test))
     logits = keras.ops.convert_to_numpy(model(images))
     assert logits.shape == (4, 3) and np.isfinite(logits).all()
+
+
+# ---------------------------------------------------------------------------
+# Shuffled sources (issue 13): sources in class order, larger than the buffer.
+# ---------------------------------------------------------------------------
+
+NUM_SORTED_CLASSES = 10
+BUFFER = 20  # The folder holds ten times as many images.
+
+
+def _chi_square_p(labels, num_classes=NUM_SORTED_CLASSES):
+    """p-value of the label histogram against uniform (scipy's chi2)."""
+    from scipy import stats
+
+    counts = np.bincount(labels, minlength=num_classes)[:num_classes]
+    return stats.chisquare(counts).pvalue
+
+
+def _first_labels(dataset, num_batches=3):
+    labels = [y.numpy().argmax(-1) for _, y in dataset.take(num_batches)]
+    return np.concatenate(labels)
+
+
+@pytest.fixture(scope="module")
+def sorted_folder(tmp_path_factory):
+    """10 classes x 20 tiny PNGs: files list class by class."""
+    root = tmp_path_factory.mktemp("sorted")
+    for label in range(NUM_SORTED_CLASSES):
+        (root / f"c{label}").mkdir()
+        for i in range(BUFFER):
+            pixels = np.full((4, 4, 3), 20 * label + i, np.uint8)
+            tf.io.write_file(str(root / f"c{label}" / f"{i:02d}.png"), tf.io.encode_png(pixels))
+    return root
+
+
+def _sorted_builds():
+    common = dict(training=True, batch_size=BUFFER, image_size=4, shuffle_buffer=BUFFER, seed=0)
+    return {
+        "pretrain": lambda s: keras_vit.data.pretrain_pipeline(s, **common),
+        "finetune cached": lambda s: keras_vit.data.finetune_pipeline(s, augmentation="resize", **common),
+        "finetune uncached": lambda s: keras_vit.data.finetune_pipeline(
+            s, augmentation="resize", cache=False, **common
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_sorted_builds()))
+def test_first_batches_mix_classes_of_a_sorted_folder(sorted_folder, name):
+    source = keras_vit.data.from_directory(sorted_folder)
+    assert source.num_examples == NUM_SORTED_CLASSES * BUFFER
+    labels = _first_labels(_sorted_builds()[name](source))
+    assert len(labels) == 3 * BUFFER
+    # Reading files in order, the first 60 labels come from about 3 classes
+    # (p ~ 1e-40); a full shuffle of the files gives p > 0.001.
+    assert _chi_square_p(labels) > 1e-3, np.bincount(labels)
+
+
+def _epoch_orders(source, seed, cache):
+    # Buffer 1 (no example shuffle) and one epoch per batch: batch k holds
+    # epoch k's file order.
+    n = source.num_examples
+    ds = keras_vit.data.finetune_pipeline(
+        source, training=True, batch_size=n, image_size=4, augmentation="resize", flip=False,
+        shuffle_buffer=1, cache=cache, seed=seed,
+    )
+    # Pixel value 20 * label + i identifies the file.
+    return [tuple(np.round(x.numpy()[:, 0, 0, 0] * 127.5 + 127.5).astype(int)) for x, _ in ds.take(2)]
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_file_order_new_every_epoch_and_seeded(sorted_folder, cache):
+    source = keras_vit.data.from_directory(sorted_folder)
+    first, second = _epoch_orders(source, seed=3, cache=cache)
+    assert sorted(first) == sorted(second) and len(set(first)) == source.num_examples
+    assert first != second and first != tuple(sorted(first))
+    assert _epoch_orders(source, seed=3, cache=cache) == [first, second]
+    assert _epoch_orders(source, seed=4, cache=cache)[0] != first
+    # Evaluation keeps the sorted order.
+    labels = [int(ex["label"]) for ex in source.dataset]
+    assert labels == sorted(labels)
+
+
+# ---------------------------------------------------------------------------
+# Image folders: bad files, class names, empty classes (issue 15).
+# ---------------------------------------------------------------------------
+
+
+def _good_png(path, value=100):
+    tf.io.write_file(str(path), tf.io.encode_png(np.full((6, 6, 3), value, np.uint8)))
+
+
+@pytest.fixture()
+def bad_folder(tmp_path):
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            _good_png(tmp_path / name / f"ok{i}.png")
+    jpeg = tf.io.encode_jpeg(np.random.default_rng(0).integers(0, 255, (16, 16, 3), dtype=np.uint8)).numpy()
+    bad = {
+        tmp_path / "cat" / "truncated.jpg": jpeg[: len(jpeg) // 2],
+        tmp_path / "dog" / "empty.png": b"",
+        tmp_path / "dog" / "garbage.jpg": b"this is not a picture",
+    }
+    for path, data in bad.items():
+        path.write_bytes(data)
+    return tmp_path, sorted(str(p) for p in bad)
+
+
+def test_bad_images_named_or_skipped_and_counted(bad_folder):
+    root, bad = bad_folder
+    with pytest.raises(ValueError) as info:
+        keras_vit.data.from_directory(root)
+    message = str(info.value)
+    assert message.startswith("3 file(s) in directory=")
+    for path in bad:
+        assert path in message
+    assert "Invalid JPEG data" in message and "Input is empty" in message
+    assert "Unknown image file format" in message and "skip_bad_images=True" in message
+    assert len(message.splitlines()) == 5  # One line per file, no traceback.
+    with pytest.warns(UserWarning, match="Skipped 3 unreadable image file"):
+        source = keras_vit.data.from_directory(root, skip_bad_images=True)
+    assert sorted(source.skipped) == bad and source.num_examples == 6
+    labels = [int(ex["label"]) for ex in source.dataset]
+    assert labels == [0, 0, 0, 1, 1, 1]
+    # The remaining files feed a whole training epoch.
+    ds = keras_vit.data.finetune_pipeline(
+        source, training=True, batch_size=6, image_size=4, shuffle_buffer=1, seed=0
+    )
+    _, y = next(iter(ds))
+    assert sorted(y.numpy().argmax(-1)) == labels
+    # Unchecked, the folder builds (the cost of the check is opt-out).
+    assert keras_vit.data.from_directory(root, check_images=False).num_examples == 9
+    with pytest.raises(ValueError, match="Received: check_images=False"):
+        keras_vit.data.from_directory(root, check_images=False, skip_bad_images=True)
+    with pytest.raises(ValueError, match="Received: skip_bad_images='yes'"):
+        keras_vit.data.from_directory(root, skip_bad_images="yes")
+
+
+def test_class_names_must_match_and_set_label_order(tmp_path):
+    for split, names in (("train", ("cat", "dog")), ("test", ("cat", "dgo"))):
+        for value, name in enumerate(names):
+            (tmp_path / split / name).mkdir(parents=True)
+            _good_png(tmp_path / split / name / "a.png", value=value)
+    train = keras_vit.data.from_directory(tmp_path / "train")
+    with pytest.raises(ValueError) as info:
+        keras_vit.data.from_directory(tmp_path / "test", class_names=train.class_names)
+    message = str(info.value)
+    assert "['cat', 'dgo']" in message and "class_names=['cat', 'dog']" in message
+    assert "missing folders: ['dog']" in message and "folders not in class_names: ['dgo']" in message
+    # The given order sets the labels: dog (pixel value 1) is class 0.
+    source = keras_vit.data.from_directory(tmp_path / "train", class_names=("dog", "cat"))
+    assert source.class_names == ("dog", "cat")
+    found = [(int(tf.io.decode_png(ex["image"])[0, 0, 0]), int(ex["label"])) for ex in source.dataset]
+    assert found == [(1, 0), (0, 1)]
+    for bad in ("cat", ["cat", "cat", "dog"], [1, 2]):
+        with pytest.raises(ValueError, match="class_names="):
+            keras_vit.data.from_directory(tmp_path / "train", class_names=bad)
+
+
+def test_empty_class_folder_refused(tmp_path):
+    for name in ("cat", "dog"):
+        (tmp_path / name).mkdir()
+    _good_png(tmp_path / "cat" / "a.png")
+    (tmp_path / "dog" / "notes.txt").write_text("no images here")
+    with pytest.raises(ValueError) as info:
+        keras_vit.data.from_directory(tmp_path)
+    assert str(tmp_path / "dog") in str(info.value) and "hold no image files" in str(info.value)
+
+
+# ---------------------------------------------------------------------------
+# tfds' real preparation path, offline (issue 12): builders defined here run
+# tfds' own download_and_prepare, writing, reading and split code.
+# ---------------------------------------------------------------------------
+
+
+class KerasVitSortedTiny(tfds.core.GeneratorBasedBuilder):
+    """800 train and 50 test 8x8 images, stored class by class."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Test data."}
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(8, 8, 3)),
+                "label": tfds.features.ClassLabel(num_classes=NUM_SORTED_CLASSES),
+            }),
+            disable_shuffling=True,  # Keep the class order tfds would hash away.
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(800), "test": self._generate_examples(50)}
+
+    def _generate_examples(self, n):
+        for i in range(n):
+            label = i * NUM_SORTED_CLASSES // n
+            yield i, {"image": np.full((8, 8, 3), 20 * label, np.uint8), "label": label}
+
+
+class KerasVitBrokenPrepare(tfds.core.GeneratorBasedBuilder):
+    """Preparation fails the way a full disk or a missing package does."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Test data."}
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(8, 8, 3)),
+                "label": tfds.features.ClassLabel(num_classes=2),
+            })
+        )
+
+    def _split_generators(self, dl_manager):
+        raise OSError("No space left on device (simulated)")
+
+    def _generate_examples(self):  # pragma: no cover - never reached.
+        yield from ()
+
+
+@pytest.fixture(scope="module")
+def tiny_tfds(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("tfds")
+    # download=True (the default) runs tfds' download_and_prepare.
+    source = keras_vit.data.from_tfds("keras_vit_sorted_tiny", "train", data_dir=data_dir)
+    return data_dir, source
+
+
+def test_from_tfds_prepares_a_real_dataset_offline(tiny_tfds):
+    data_dir, source = tiny_tfds
+    assert (data_dir / "keras_vit_sorted_tiny" / "1.0.0" / "dataset_info.json").exists()
+    assert source.num_examples == 800 and source.num_classes == NUM_SORTED_CLASSES
+    labels = [int(ex["label"]) for ex in source.dataset]
+    assert labels == sorted(labels) and np.bincount(labels).tolist() == [80] * 10
+    # Prepared once: a second source reads it without preparing (download=False).
+    test = keras_vit.data.from_tfds("keras_vit_sorted_tiny", "test", data_dir=data_dir, download=False)
+    images, y = next(iter(keras_vit.data.finetune_pipeline(test, training=False, batch_size=50, image_size=8)))
+    pixels = (20 * y.numpy().argmax(-1)).astype(np.float32)
+    np.testing.assert_array_equal(images.numpy()[:, 0, 0, 0], (pixels - np.float32(127.5)) / np.float32(127.5))
+
+
+def test_tfds_and_vtab_training_mix_a_sorted_split(tiny_tfds):
+    data_dir, source = tiny_tfds
+    common = dict(batch_size=BUFFER, image_size=4, shuffle_buffer=BUFFER, seed=0)
+    finetune = keras_vit.data.finetune_pipeline(source, training=True, augmentation="resize", **common)
+    assert _chi_square_p(_first_labels(finetune)) > 1e-3
+    # The VTAB pipeline on the same data: a task whose tfds name points here.
+    task = dataclasses.replace(keras_vit.data.vtab.get_task("dtd"), tfds_name="keras_vit_sorted_tiny")
+    vtab = keras_vit.data.vtab.vtab_pipeline(task, "train800", data_dir=data_dir, download=False, **common)
+    labels = _first_labels(vtab)
+    assert len(labels) == 3 * BUFFER and _chi_square_p(labels) > 1e-3, np.bincount(labels)
+
+
+def test_failed_preparation_gives_the_cause_first(tmp_path):
+    with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
+        keras_vit.data.from_tfds("keras_vit_broken_prepare", data_dir=tmp_path)
+    message = str(info.value)
+    assert message.startswith("Preparing dataset 'keras_vit_broken_prepare' in ")
+    assert message.splitlines()[0].endswith("failed: OSError: No space left on device (simulated)")
+    assert "network access" in message.splitlines()[1]

@@ -22,6 +22,8 @@ import numbers
 
 import tensorflow as tf
 
+from keras_vit.preprocessing import scale_pixels
+
 # vit_jax and big_vision: area 5 % - 100 %; the aspect ratio range is
 # TensorFlow's default for `sample_distorted_bounding_box`, which both keep.
 INCEPTION_AREA_RANGE = (0.05, 1.0)
@@ -200,9 +202,10 @@ def normalize(image):
     """Maps [0, 255] pixels to float32 [-1, 1]: `(x - 127.5) / 127.5`.
 
     The formula of vit_jax's input pipeline; the models and every released
-    checkpoint expect this range.
+    checkpoint expect this range. One implementation with
+    `keras_vit.preprocess_input`: `keras_vit.preprocessing.scale_pixels`.
     """
-    return (tf.cast(image, tf.float32) - 127.5) / 127.5
+    return scale_pixels(tf.cast(image, tf.float32))
 
 
 def one_hot(label, num_classes):

@@ -23,8 +23,11 @@ steps), so give `fit` a `steps_per_epoch`.
 import dataclasses
 import numbers
 import os
+import re
+import warnings
 from typing import Callable, Optional, Tuple
 
+import numpy as np
 import tensorflow as tf
 
 from keras_vit.data import ops
@@ -59,6 +62,14 @@ class DataSource:
         class_names: tuple of str (index = label), or None.
         decode: function from `image` to a uint8 `(H, W, 3)` tensor.
         name: str used in messages.
+        shuffled: optional function `seed -> tf.data.Dataset`: the same
+            examples with the files read in a random order, a new one on
+            every iteration (image folders: a full shuffle of the file
+            names; tfds: `shuffle_files` with a seeded `ReadConfig`).
+            Training pipelines read through it. None: files in `dataset`
+            order.
+        skipped: files left out as unreadable
+            (`from_directory(..., skip_bad_images=True)`).
     """
 
     dataset: tf.data.Dataset
@@ -67,6 +78,8 @@ class DataSource:
     class_names: Optional[Tuple[str, ...]] = None
     decode: Callable = ops.decode_image
     name: str = "dataset"
+    shuffled: Optional[Callable] = None
+    skipped: Tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------
@@ -151,8 +164,34 @@ def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instruc
             download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
         )
     except Exception as e:  # Network errors, missing manual files, ...
-        raise DatasetNotAvailableError(f"{message}\nPreparing it failed with: {e!r}") from e
+        # The cause first: a missing package or a full disk is not fixed by
+        # the network advice that follows.
+        raise DatasetNotAvailableError(
+            f"Preparing dataset {name!r} in {builder.data_dir} failed: "
+            f"{type(e).__name__}: {e}\n{message}"
+        ) from e
     return builder
+
+
+def tfds_reader(builder, split, decoders):
+    """`read(seed=None, shuffle=False)` -> `builder.as_dataset(split)`.
+
+    With `shuffle`, tfds reads the shard files in a seeded random order, a
+    new one each iteration, as vit_jax and big_vision read training data
+    (`shuffle_files=True`). tfds' own cache is off for it: a cache would
+    replay the first order (the pipelines cache themselves).
+    """
+    tfds = _import_tfds()
+
+    def read(seed=None, shuffle=False):
+        read_config = None
+        if shuffle:
+            read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False)
+        return builder.as_dataset(
+            split=split, decoders=decoders, shuffle_files=shuffle, read_config=read_config
+        )
+
+    return read
 
 
 def _split_size(builder, split):
@@ -189,8 +228,9 @@ def from_tfds(
             `<data_dir>/downloads/manual`.
         image_key: the image feature. Defaults to `"image"`.
         label_key: the `ClassLabel` feature. Defaults to `"label"`.
-        shuffle_files: bool. Read the files in random order. Defaults to
-            False (reproducible order; the pipelines shuffle examples).
+        shuffle_files: bool. Read the files of `DataSource.dataset` in
+            random order. Defaults to False (reproducible order). Training
+            pipelines shuffle the files anyway, seeded (`DataSource.shuffled`).
 
     Returns:
         A `DataSource`. Images stay encoded until the pipeline decodes them
@@ -210,12 +250,9 @@ def from_tfds(
         raise ValueError(
             f"Feature {label_key!r} of {name!r} is not a class label. Received: label_key={label_key!r}"
         )
+    read = tfds_reader(builder, split, {image_key: tfds.decode.SkipDecoding()})
     try:
-        dataset = builder.as_dataset(
-            split=split,
-            decoders={image_key: tfds.decode.SkipDecoding()},
-            shuffle_files=shuffle_files,
-        )
+        dataset = read(shuffle=shuffle_files)
     except (ValueError, KeyError, AssertionError) as e:
         raise ValueError(f"Bad split for {name!r}: {e}. Received: split={split!r}") from e
 
@@ -230,20 +267,75 @@ def from_tfds(
         class_names=tuple(features[label_key].names),
         decode=ops.decode_image,
         name=name,
+        shuffled=lambda seed: read(seed, shuffle=True).map(select, num_parallel_calls=tf.data.AUTOTUNE),
     )
 
 
-def from_directory(directory, *, extensions=IMAGE_EXTENSIONS):
+def _decode_error(path):
+    """TensorFlow's one-line reason why `path` does not read as an image."""
+    try:
+        ops.decode_image(tf.io.read_file(path))
+    except tf.errors.OpError as e:
+        # Drop TF's "{{function_node ...}}" prefix and "[Op:...]" suffix.
+        reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\].*$", "", e.message.strip())
+        return reason.splitlines()[0] if reason else type(e).__name__
+    return "no error when read again"  # Changed between the two reads.
+
+
+def _unreadable(paths):
+    """Indices of the files that TensorFlow cannot read and decode.
+
+    One parallel pass decodes every file as the pipelines will
+    (`ops.decode_image`); the files that fail are dropped by
+    `ignore_errors`, so the missing indices are the bad files.
+    """
+    files = tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int64), paths))
+
+    @tf.autograph.experimental.do_not_convert
+    def probe(index, path):
+        # Returning the decoded shape keeps the decode in the graph.
+        return index, tf.shape(ops.decode_image(tf.io.read_file(path)))
+
+    good = np.zeros(len(paths), bool)
+    probed = files.map(probe, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+    for indices, _ in probed.batch(4096).as_numpy_iterator():
+        good[indices] = True
+    return np.flatnonzero(~good)
+
+
+def from_directory(
+    directory,
+    *,
+    extensions=IMAGE_EXTENSIONS,
+    class_names=None,
+    check_images=True,
+    skip_bad_images=False,
+):
     """Images in one sub-folder per class: `directory/<class>/<image>`.
 
-    Class indices follow the sorted sub-folder names; files are listed in
-    sorted order (the training pipeline shuffles them). Works on any path
-    `tf.io.gfile` reads, `gs://` included.
+    Class indices follow the sorted sub-folder names, or `class_names`;
+    `DataSource.dataset` lists the files in sorted order and training
+    pipelines read them in a new seeded random order every epoch
+    (`DataSource.shuffled`). Works on any path `tf.io.gfile` reads, `gs://`
+    included.
 
     Args:
         directory: the folder holding one sub-folder per class.
         extensions: file name endings that count as images (case does not
             matter). Defaults to JPEG, PNG, BMP and GIF.
+        class_names: optional sequence of the expected class folder names,
+            in label order, e.g. the training source's `class_names` when
+            loading its test folder. The folders must be exactly these;
+            otherwise a `ValueError` names both sets. Defaults to the
+            sorted sub-folders.
+        check_images: bool. Decode every file once, now, so that a corrupt,
+            empty or non-image file fails here with its name rather than
+            mid-training. Defaults to True; False saves that pass on very
+            large folders (a bad file then stops training with
+            TensorFlow's error).
+        skip_bad_images: bool. With `check_images`, leave unreadable files
+            out (with a warning; they are in `DataSource.skipped`) instead
+            of raising. Defaults to False.
 
     Returns:
         A `DataSource` with `class_names`.
@@ -251,17 +343,42 @@ def from_directory(directory, *, extensions=IMAGE_EXTENSIONS):
     directory = os.fspath(directory)
     if not tf.io.gfile.isdir(directory):
         raise ValueError(f"`directory` is not a folder. Received: directory={directory!r}")
+    for value, arg in ((check_images, "check_images"), (skip_bad_images, "skip_bad_images")):
+        if not isinstance(value, bool):
+            raise ValueError(f"`{arg}` must be a bool. Received: {arg}={value!r}")
+    if skip_bad_images and not check_images:
+        raise ValueError(
+            "`skip_bad_images=True` needs `check_images=True` (bad images are "
+            "found by the check). Received: check_images=False"
+        )
     extensions = tuple(e.lower() for e in extensions)
-    class_names = sorted(
+    found = sorted(
         entry.rstrip("/")
         for entry in tf.io.gfile.listdir(directory)
         if not entry.startswith(".") and tf.io.gfile.isdir(os.path.join(directory, entry))
     )
-    if not class_names:
+    if not found:
         raise ValueError(
             "`directory` must hold one sub-folder of images per class; it has "
             f"no sub-folder. Received: directory={directory!r}"
         )
+    if class_names is None:
+        class_names = tuple(found)
+    else:
+        if isinstance(class_names, str) or not all(isinstance(c, str) for c in class_names):
+            raise ValueError(
+                f"`class_names` must be a sequence of str. Received: class_names={class_names!r}"
+            )
+        class_names = tuple(class_names)
+        if len(set(class_names)) != len(class_names) or set(class_names) != set(found):
+            missing = sorted(set(class_names) - set(found))
+            extra = sorted(set(found) - set(class_names))
+            raise ValueError(
+                f"The class folders of directory={directory!r} are {found}, "
+                f"but class_names={list(class_names)} (missing folders: {missing}; "
+                f"folders not in class_names: {extra}). Train and test folders "
+                "must hold the same classes, or labels would not match."
+            )
     paths, labels = [], []
     for index, class_name in enumerate(class_names):
         folder = os.path.join(directory, class_name)
@@ -271,27 +388,57 @@ def from_directory(directory, *, extensions=IMAGE_EXTENSIONS):
         )
         paths += [os.path.join(folder, f) for f in files]
         labels += [index] * len(files)
-    if not paths:
+    skipped = ()
+    if check_images and paths:
+        bad = _unreadable(paths)
+        if len(bad):
+            listing = "\n".join(f"  {paths[i]}: {_decode_error(paths[i])}" for i in bad[:10])
+            more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""
+            if not skip_bad_images:
+                raise ValueError(
+                    f"{len(bad)} file(s) in directory={directory!r} cannot be read "
+                    f"as images:\n{listing}{more}\nFix or remove them, or pass "
+                    "skip_bad_images=True to leave them out."
+                )
+            warnings.warn(
+                f"Skipped {len(bad)} unreadable image file(s) in {directory!r}:\n{listing}{more}",
+                stacklevel=2,
+            )
+            skipped = tuple(paths[i] for i in bad)
+            keep = np.ones(len(paths), bool)
+            keep[bad] = False
+            paths = [p for p, k in zip(paths, keep) if k]
+            labels = [label for label, k in zip(labels, keep) if k]
+    counts = np.bincount(labels, minlength=len(class_names))
+    empty = [os.path.join(directory, class_names[i]) for i in np.flatnonzero(counts == 0)]
+    if empty:
         raise ValueError(
-            f"No image files ({', '.join(extensions)}) in the class folders "
-            f"{class_names}. Received: directory={directory!r}"
+            f"Class folder(s) {empty} hold no {'readable ' if skipped else ''}image files "
+            f"({', '.join(extensions)}); an empty folder would add a class that "
+            f"never occurs. Received: directory={directory!r}"
         )
-    dataset = tf.data.Dataset.from_tensor_slices(
-        {"path": paths, "label": tf.constant(labels, tf.int64)}
-    )
+    files = tf.data.Dataset.from_tensor_slices({"path": paths, "label": tf.constant(labels, tf.int64)})
 
     @tf.autograph.experimental.do_not_convert
     def read(example):
         return {"image": tf.io.read_file(example["path"]), "label": example["label"]}
 
-    dataset = dataset.map(read, num_parallel_calls=tf.data.AUTOTUNE)
+    def shuffled(seed):
+        # A full shuffle of the file names (cheap: strings), before any
+        # file is read; sorted folders would otherwise give batches of one
+        # class from a shuffle buffer smaller than the folder.
+        order = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+        return order.map(read, num_parallel_calls=tf.data.AUTOTUNE)
+
     return DataSource(
-        dataset=dataset,
+        dataset=files.map(read, num_parallel_calls=tf.data.AUTOTUNE),
         num_classes=len(class_names),
         num_examples=len(paths),
-        class_names=tuple(class_names),
+        class_names=class_names,
         decode=ops.decode_image,
         name=directory,
+        shuffled=shuffled,
+        skipped=skipped,
     )
 
 
@@ -332,15 +479,27 @@ def _batched(
     seed,
     batch_fn=None,
 ):
-    """cache -> repeat -> shuffle -> map -> batch -> [batch_fn] -> prefetch.
+    """[shuffled files] -> cache -> [full reshuffle] -> repeat -> shuffle ->
+    map -> batch -> [batch_fn] -> prefetch.
 
-    The order of vit_jax's `get_data` (repeat, shuffle, map, batch), with the
-    cache of task_adaptation in front.
+    The order of vit_jax's `get_data` (files shuffled, repeat, shuffle, map,
+    batch), with the cache of task_adaptation in front. Training reads the
+    files in a new random order every epoch: sources in class order (image
+    folders) would otherwise give single-class batches whenever the data
+    outgrow the shuffle buffer.
     """
     n = source.num_examples
+    cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
     dataset = source.dataset
-    if cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES):
+    if training and source.shuffled is not None and not (cached and n):
+        dataset = source.shuffled(seed)
+    if cached:
         dataset = dataset.cache()
+        if training and n:
+            # A cache replays the order it was filled in; reshuffle the
+            # whole cached split every epoch instead. The buffer holds
+            # references to the cached tensors, not copies.
+            dataset = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True)
     if repeat is None:
         repeat = training
     if repeat:
@@ -409,8 +568,9 @@ def pretrain_pipeline(
             examples). Defaults to 50,000.
         repeat: bool. Repeat forever. Defaults to `training`.
         cache: `"auto"` (cache encoded examples when at most 150,000), True
-            or False.
-        seed: optional int for the shuffle order.
+            or False. A cached training split is read whole before the first
+            batch, then reshuffled whole every epoch.
+        seed: optional int for the shuffle order (files and examples).
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32
@@ -524,8 +684,9 @@ def finetune_pipeline(
             Defaults to `image_size * 448 / 384` rounded.
         shuffle_buffer: int. Defaults to 50,000 (capped at the dataset size).
         repeat: bool. Defaults to `training`.
-        cache: `"auto"`, True or False. Defaults to `"auto"`.
-        seed: optional int for the shuffle order.
+        cache: `"auto"`, True or False. Defaults to `"auto"` (as
+            `pretrain_pipeline`).
+        seed: optional int for the shuffle order (files and examples).
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32

@@ -449,7 +449,7 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
         for key, feature in builder.info.features.items()
         if isinstance(feature, tfds.features.Image)
     }
-    dataset = builder.as_dataset(split=split_string, decoders=decoders, shuffle_files=False)
+    read = pipelines.tfds_reader(builder, split_string, decoders)
     num_classes = task.num_classes
 
     @tf.autograph.experimental.do_not_convert
@@ -465,12 +465,13 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
 
     num_examples = SPLIT_SIZES.get(split) or pipelines._split_size(builder, split_string)
     return pipelines.DataSource(
-        dataset=dataset.map(select, num_parallel_calls=tf.data.AUTOTUNE),
+        dataset=read().map(select, num_parallel_calls=tf.data.AUTOTUNE),
         num_classes=num_classes,
         num_examples=num_examples,
         class_names=None,
         decode=task.decode,
         name=task.name,
+        shuffled=lambda seed: read(seed, shuffle=True).map(select, num_parallel_calls=tf.data.AUTOTUNE),
     )
 
 
