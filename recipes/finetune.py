@@ -116,7 +116,10 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, header=()
     from keras_vit import data
 
     train_source = skeleton.load_source(config, train_split)
-    eval_source = skeleton.load_source(config, eval_split) if eval_split else None
+    eval_source = (
+        skeleton.load_source(config, eval_split, class_names=train_source.class_names)
+        if eval_split else None
+    )
     if eval_source is not None and eval_source.num_classes != train_source.num_classes:
         raise cli.RecipeError(
             f"the splits have different class counts ({train_source.num_classes} in "

@@ -93,7 +93,10 @@ def run(config, config_name=None, smoke=False, callbacks=()):
         from keras_vit import training
 
         train_source = skeleton.load_source(config, config.train_split)
-        eval_source = skeleton.load_source(config, config.test_split) if config.test_split else None
+        eval_source = (
+            skeleton.load_source(config, config.test_split, class_names=train_source.class_names)
+            if config.test_split else None
+        )
         num_classes = train_source.num_classes
         effective = config
         if not config.total_steps:

@@ -207,9 +207,11 @@ def _looks_like_path(dataset):
     return os.sep in dataset or dataset.startswith((".", "~")) or dataset.startswith("gs://")
 
 
-def load_source(config, split):
+def load_source(config, split, class_names=None):
     """A `keras_vit.data.DataSource` for one split of `config.dataset`: a
-    tfds dataset (any split string) or `<folder>/<split>/<class>/<image>`."""
+    tfds dataset (any split string) or `<folder>/<split>/<class>/<image>`.
+    `class_names`: the training split's, for an evaluation folder (its class
+    folders must be the same, in the same label order)."""
     from keras_vit import data
 
     dataset = config.dataset
@@ -224,7 +226,9 @@ def load_source(config, split):
         if not dataset.startswith("gs://") and not os.path.isdir(folder):
             raise RecipeError(f"no folder {folder} (--dataset={dataset}, split {split!r}).")
         try:
-            return data.from_directory(folder)
+            return data.from_directory(
+                folder, class_names=class_names, skip_bad_images=config.skip_bad_images
+            )
         except ValueError as error:
             raise RecipeError(f"--dataset={dataset}: {error}") from None
     try:
@@ -292,7 +296,8 @@ def data_line(train_split, train_source, eval_split=None, eval_source=None):
 
     def describe(label, split, source):
         size = f"{source.num_examples:,} examples" if source.num_examples else "size unknown"
-        return f"{label} {split!r} ({size}, {source.num_classes} classes)"
+        skipped = f", {len(source.skipped)} unreadable files skipped" if source.skipped else ""
+        return f"{label} {split!r} ({size}, {source.num_classes} classes{skipped})"
 
     parts = [describe("train", train_split, train_source)]
     if eval_source is not None:

@@ -487,6 +487,25 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
                                types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
 
 
+def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):
+    """Issue 15: a test folder whose classes differ from the training
+    folder's, and an undecodable image, are refused naming them; with
+    --skip_bad_images the run goes on and its header counts what it left out."""
+    data_dir = _image_folder(tmp_path / "data", per_class=4)
+    common = ["--smoke", f"--dataset={data_dir}", "--train_split=train", "--test_split=test",
+              "--total_steps=2", "--warmup_steps=1", "--log_every=1", "--verbose=0"]
+    (data_dir / "test" / "b").rename(data_dir / "test" / "c")
+    err = _error(finetune.main, [*common, f"--run_dir={tmp_path / 'r1'}"], capsys)
+    assert "'c'" in err and "'b'" in err, err
+    (data_dir / "test" / "c").rename(data_dir / "test" / "b")
+    (data_dir / "train" / "a" / "broken.jpg").write_bytes(b"<html>not an image</html>")
+    err = _error(finetune.main, [*common, f"--run_dir={tmp_path / 'r2'}"], capsys)
+    assert "broken.jpg" in err, err
+    summary = finetune.main([*common, f"--run_dir={tmp_path / 'r3'}", "--skip_bad_images", "--verbose=1"])
+    assert summary["eval_examples"] == 8
+    assert "train 'train' (8 examples, 2 classes, 1 unreadable files skipped)" in capsys.readouterr().out
+
+
 def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
     from PIL import Image
 

@@ -88,6 +88,8 @@ class DataFields(Config):
     manual_dir: Optional[str] = arg(None, "files of manual-download datasets (ImageNet, ...)")
     shuffle_buffer: int = arg(50_000, "training shuffle buffer (vit_jax: 50,000)")
     cache: str = arg("auto", "auto (cache splits of at most 150,000 examples), true or false")
+    skip_bad_images: bool = arg(
+        False, "image folders: leave out (and count) files that do not decode instead of failing")
 
 
 @dataclasses.dataclass(eq=True)
