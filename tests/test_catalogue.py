@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.weights import augreg as augreg_lib
 from keras_vit.weights import registry
 from tests.helpers import randomize_weights
