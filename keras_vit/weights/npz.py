@@ -374,6 +374,7 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     """
     path = os.fspath(path)
     targets = checkpoint_variables(model)
+    parts = anatomy(model)
     with _open_archive(path) as archive:
         members = canonical_keys(_members(archive, path), path)
         problems, notes, reads = _check_headers(targets, members)
@@ -385,7 +386,6 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
         arrays = {key: _read_member(archive, path, key, members[key]) for key in reads}
 
     values = {}
-    parts = anatomy(model)
     for key, variable in targets.items():
         shape = tuple(variable.shape)
         if key not in arrays:
