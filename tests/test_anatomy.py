@@ -1,4 +1,4 @@
-"""`keras_vit.models.anatomy`: the one reader of a model's structure, on a
+"""`keras_vit.models.anatomy` (defined in `keras_vit/anatomy.py`): the one reader of a model's structure, on a
 table of model kinds (plain, gap, pre-logits, hybrid, root-only hybrid)."""
 
 import keras
@@ -14,7 +14,8 @@ KINDS = {
     "plain": (
         dict(patch_size=8, input_shape=(16, 24, 3), num_classes=5),
         dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=1, hybrid=False,
-             has_pre_logits=False, num_classes=5, outputs_tokens=False),
+             has_pre_logits=False, num_classes=5, outputs_tokens=False,
+             embedding_patch_size=(8, 8), resnet=None, resnet_width=None),
     ),
     "gap": (
         dict(patch_size=8, input_shape=(16, 24, 3), classifier="gap", include_top=False),
@@ -31,13 +32,15 @@ KINDS = {
         dict(patch_size=2, input_shape=(32, 32, 3), resnet=(1,), resnet_width_factor=0.5,
              classifier="gap", num_classes=3),
         dict(grid=(4, 4), patch_size=(8, 8), num_prefix_tokens=0, hybrid=True,
-             has_pre_logits=False, num_classes=3, outputs_tokens=False),
+             has_pre_logits=False, num_classes=3, outputs_tokens=False,
+             embedding_patch_size=(2, 2), resnet=(1,), resnet_width=32),
     ),
     "root_only": (
         dict(patch_size=2, input_shape=(32, 48, 3), resnet=(), resnet_width_factor=0.5,
              include_top=False),
         dict(grid=(4, 6), patch_size=(8, 8), num_prefix_tokens=1, hybrid=True,
-             has_pre_logits=False, num_classes=None, outputs_tokens=True),
+             has_pre_logits=False, num_classes=None, outputs_tokens=True,
+             embedding_patch_size=(2, 2), resnet=(), resnet_width=32),
     ),
 }
 
@@ -49,7 +52,7 @@ def test_anatomy_of_every_model_kind(kind):
     parts = anatomy(model)
     for field, value in expected.items():
         assert getattr(parts, field) == value, (kind, field, getattr(parts, field))
-    assert (parts.hidden_size, parts.num_heads, parts.num_layers) == (16, 2, 2)
+    assert (parts.hidden_size, parts.mlp_dim, parts.num_heads, parts.num_layers) == (16, 32, 2, 2)
     assert parts.block_names == ("encoderblock_0", "encoderblock_1")
     assert parts.image_size == keywords["input_shape"][:2] and parts.channels == 3
     assert parts.num_tokens == parts.num_prefix_tokens + parts.grid[0] * parts.grid[1]

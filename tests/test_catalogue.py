@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.weights import augreg as augreg_lib
 from keras_vit.weights import registry
 from tests.helpers import randomize_weights
@@ -48,6 +48,10 @@ def test_available_weights_accepts_every_alias():
     assert keras_vit.available_weights("ViTTi16") == ["augreg", "augreg+imagenet2012"]
     with pytest.raises(ValueError, match="Received: variant='ViT-Q_3'"):
         keras_vit.available_weights("ViT-Q_3")
+    # One public function: `keras_vit.weights` no longer offers a second one
+    # that knows only the original names (issue 16).
+    assert not hasattr(keras_vit.weights, "available_weights")
+    assert "available_weights" not in keras_vit.weights.__all__
 
 
 # --- The AugReg catalogue -----------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import keras_vit
 from keras_vit.layers import StdConv2D
 from keras_vit.models import resnet as resnet_lib
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.weights import export_npz, load_weights, read_npz, registry
 from keras_vit.weights.npz import POSEMB_KEY, checkpoint_variables
 from tests.helpers import assert_close_rel, gradients, lazy_build, randomize_weights

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.models import variants
+from keras_vit import variants
 from tests.helpers import gradients, lazy_build, randomize_weights
 
 # google-research/vision_transformer, vit_jax/models_test.py (num_classes=1000,

@@ -1,6 +1,7 @@
 """Weights: the original .npz format, resampling, head rules, bad files,
 registered names and downloads (from a local HTTP server)."""
 
+import ast
 import hashlib
 import http.server
 import io
@@ -248,6 +249,30 @@ def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
     np.testing.assert_array_equal(kernel[3, 4], value)
 
 
+@pytest.mark.parametrize("builder", ["ViT", "ViTTi16", "get_model"])
+def test_builders_pass_allow_nonfinite_to_the_loader(tmp_path, builder):
+    arrays = dict(np.load(export(tmp_path, randomize_weights(tiny()))))
+    arrays["Transformer/encoderblock_0/MlpBlock_3/Dense_1/bias"][5] = np.nan
+    path = str(tmp_path / "nan.npz")
+    np.savez(path, **arrays)
+    build = {
+        "ViT": lambda **kw: keras_vit.ViT(None, **kw),
+        "ViTTi16": keras_vit.ViTTi16,
+        "get_model": lambda **kw: keras_vit.get_model("ViT-Ti_16", **kw),
+    }[builder]
+    keywords = dict(input_shape=(32, 32, 3), weights=path, **TINY)
+    with pytest.raises(ValueError, match="Dense_1/bias holds 1 NaN"):
+        build(**keywords)
+    with pytest.raises(ValueError, match="allow_nonfinite=1"):
+        build(allow_nonfinite=1, **keywords)
+    model = build(allow_nonfinite=True, **keywords)
+    bias = model.get_layer("encoderblock_0").mlp.dense_1.bias.numpy()
+    assert np.isnan(bias[5]) and np.isfinite(np.delete(bias, 5)).all()
+    np.testing.assert_array_equal(
+        np.delete(bias, 5), np.delete(arrays["Transformer/encoderblock_0/MlpBlock_3/Dense_1/bias"], 5)
+    )
+
+
 def test_weights_h5_of_a_deeper_model_is_refused_listing_the_extra_weights(tmp_path):
     deeper = randomize_weights(tiny(num_layers=2))
     deeper.save_weights(tmp_path / "deep.weights.h5")
@@ -492,7 +517,48 @@ def test_registry_resolves_names():
     assert registry.url("imagenet21k+imagenet2012/ViT-B_16.npz").endswith(
         "vit_models/imagenet21k%2Bimagenet2012/ViT-B_16.npz"
     )
-    assert "augreg" in registry.available_weights("ViT-Ti_16")
+    assert "augreg" in registry.registered_names("ViT-Ti_16")
+
+
+def _keras_vit_imports(path):
+    """The `keras_vit` modules a source file imports (absolute imports only)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            found.add(node.module)
+            # `from keras_vit import models` names a module too.
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in found if name == "keras_vit" or name.startswith("keras_vit.")}
+
+
+def test_weights_never_import_models_even_indirectly():
+    # models/ import weights/ (a builder loads its checkpoint); the reverse
+    # would be a cycle (issue 16). Followed through every keras_vit module that
+    # weights/ imports, such as the shared anatomy and variant table.
+    package = pathlib.Path(keras_vit.__file__).parent
+    to_visit = [f"keras_vit.weights.{p.stem}" for p in (package / "weights").glob("*.py")]
+    seen, importers = set(), {}
+    while to_visit:
+        module = to_visit.pop()
+        # The package root runs before any submodule; what it imports is not
+        # weights/'s doing.
+        if module in seen or module == "keras_vit":
+            continue
+        seen.add(module)
+        relative = pathlib.Path(*module.split(".")[1:])
+        for path in (package / relative.with_suffix(".py"), package / relative / "__init__.py"):
+            if path.is_file():
+                for name in _keras_vit_imports(path):
+                    importers.setdefault(name, module)
+                    to_visit.append(name)
+    assert "keras_vit.weights.npz" in seen and "keras_vit.anatomy" in seen
+    offending = sorted(
+        f"{importers[m]} imports {m}" for m in seen if m.startswith("keras_vit.models")
+    )
+    assert not offending, offending
 
 
 def test_registry_refuses_mismatches_before_download():

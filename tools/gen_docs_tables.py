@@ -3,7 +3,7 @@
     KERAS_BACKEND=torch python tools/gen_docs_tables.py
 
 - docs/models.md, between the `variants` markers: every entry of
-  `keras_vit.models.variants.VARIANTS` with its parameter count (built here).
+  `keras_vit.variants.VARIANTS` with its parameter count (built here).
 - docs/weights.md, between the `weights` markers: the registered checkpoints
   of `keras_vit.weights.registry`.
 """
@@ -12,8 +12,7 @@ import pathlib
 import re
 
 import keras_vit
-from keras_vit.models import variants
-from keras_vit.weights import registry
+from keras_vit import variants
 
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
@@ -45,7 +44,7 @@ def variants_table(with_params=True):
 def weights_table():
     rows = ["| model | registered names |", "|---|---|"]
     for name in variants.VARIANTS:
-        names = registry.available_weights(name)
+        names = keras_vit.available_weights(name)
         if names:
             rows.append(f"| `{name}` | {', '.join(f'`{n}`' for n in names)} |")
     return "\n".join(rows)

@@ -43,8 +43,8 @@ from keras_vit.inspect.posemb import (
 from keras_vit.inspect.report import load_image_folder, write_figures
 # Where the tokens sit on the image: the model's anatomy, under the name the
 # analyses use.
-from keras_vit.models.anatomy import ModelAnatomy as Geometry
-from keras_vit.models.anatomy import anatomy as geometry
+from keras_vit.anatomy import ModelAnatomy as Geometry
+from keras_vit.anatomy import anatomy as geometry
 from keras_vit.inspect.rollout import (
     attention_rollout,
     plot_rollout,

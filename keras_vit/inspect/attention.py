@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from keras_vit.layers import TransformerEncoderBlock
-from keras_vit.models.anatomy import anatomy
+from keras_vit.anatomy import anatomy
 
 
 def block_names(model):

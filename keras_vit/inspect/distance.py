@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_vit.inspect import plotting
 from keras_vit.inspect.attention import attention_batches
-from keras_vit.models.anatomy import anatomy
+from keras_vit.anatomy import anatomy
 
 
 def patch_distances(grid, patch_size):

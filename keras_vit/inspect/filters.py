@@ -10,7 +10,7 @@ import keras
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.models.anatomy import anatomy, get_layer
+from keras_vit.anatomy import anatomy, get_layer
 
 
 def filter_components(kernel, num_components=28, center=True):

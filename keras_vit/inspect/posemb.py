@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.models.anatomy import anatomy, get_layer
+from keras_vit.anatomy import anatomy, get_layer
 
 
 def posemb_similarity(posemb, grid, num_prefix_tokens=0):

@@ -6,7 +6,7 @@ import os
 import keras
 import numpy as np
 
-from keras_vit.models.anatomy import anatomy
+from keras_vit.anatomy import anatomy
 from keras_vit.inspect.distance import model_attention_distance, plot_attention_distance
 from keras_vit.inspect.filters import (
     embedding_filter_components,

@@ -13,7 +13,7 @@ import numpy as np
 
 from keras_vit.inspect import plotting
 from keras_vit.inspect.attention import attention_batches
-from keras_vit.models.anatomy import anatomy
+from keras_vit.anatomy import anatomy
 
 SOURCES = ("token", "mean")
 HEAD_FUSIONS = ("mean", "max", "min")

@@ -1,6 +1,10 @@
 """ViT model builders, and the anatomy of a built model."""
 
-from keras_vit.models.anatomy import ModelAnatomy, anatomy
+# The variant table and the anatomy reader live outside `models/` so that
+# `weights/` can use them without importing the builders (models import
+# weights, never the reverse); they are public here.
+from keras_vit import variants
+from keras_vit.anatomy import ModelAnatomy, anatomy
 
 from keras_vit.models.vit import (
     R26ViTB32,

@@ -3,8 +3,9 @@
 import collections
 import fnmatch
 
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.models.vit import CONSTRUCTORS
+from keras_vit.weights import registry
 
 ModelInfo = collections.namedtuple("ModelInfo", ["name", "constructor", "augreg_name", "weights"])
 ModelInfo.__doc__ = """One buildable model.
@@ -37,9 +38,7 @@ def available_weights(name):
         "augreg", "augreg+imagenet2012", "sam"]`; any AugReg file name of the
         model is accepted as well (see `keras_vit.weights.augreg_index`).
     """
-    from keras_vit.weights.registry import available_weights as registered
-
-    return registered(_config_name(name))
+    return registry.registered_names(_config_name(name))
 
 
 def list_models(pattern=None):

@@ -20,12 +20,11 @@ derived from the checkpoint keys (`block1/unit1/conv1` -> layer
 import keras
 
 from keras_vit.layers.std_conv import StdConv2D
+from keras_vit.variants import ROOT_WIDTH
 
 # Flax GroupNorm defaults, used by the original; Keras' default epsilon is 1e-3.
 GROUP_NORM_GROUPS = 32
 GROUP_NORM_EPSILON = 1e-6
-# Root width before the width factor (`width = int(64 * width_factor)`).
-ROOT_WIDTH = 64
 # Root conv stride 2 x max-pool stride 2.
 ROOT_STRIDE = 4
 

@@ -9,7 +9,8 @@ from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.position_embedding import INTERPOLATIONS
 from keras_vit.layers.utils import check_rate, normalize_pair
 from keras_vit.models import resnet as resnet_lib
-from keras_vit.models import variants
+from keras_vit.weights import load_weights
+from keras_vit import variants
 
 DEFAULT_INPUT_SHAPE = (224, 224, 3)
 POOLINGS = (None, "token", "gap", "avg")
@@ -101,6 +102,7 @@ def ViT(
     name=None,
     posemb_interpolation="linear",
     include_preprocessing=False,
+    allow_nonfinite=False,
     **overrides,
 ):
     """Builds a Vision Transformer (Dosovitskiy et al., ICLR 2021).
@@ -118,7 +120,7 @@ def ViT(
         weights: None, a path to an original `.npz` or a Keras
             `.weights.h5` file, or a registered name (`"imagenet21k"`,
             `"imagenet21k+imagenet2012"`, `"augreg"`, an AugReg file name, ...;
-            see `keras_vit.weights.available_weights`).
+            see `keras_vit.available_weights`).
         input_tensor: optional Keras tensor to use as the image input.
         input_shape: `(height, width, channels)`; the sides must be multiples
             of the patch size (for hybrids: of the ResNet stem's stride times
@@ -139,6 +141,8 @@ def ViT(
             `keras_vit.preprocess_input` inside the graph (a weightless
             `PreprocessInput` layer), so that saved and exported models serve
             raw images.
+        allow_nonfinite: bool. Load `weights` holding NaN or infinite values
+            instead of refusing them (see `keras_vit.load_weights`).
         **overrides: any field of the variant table (`patch_size`,
             `hidden_size`, `mlp_dim`, `num_heads`, `num_layers`,
             `dropout_rate`, `attention_dropout_rate`, `classifier`,
@@ -173,6 +177,10 @@ def ViT(
         )
     if include_top:
         num_classes = _positive_int(num_classes, "num_classes")
+    if not isinstance(allow_nonfinite, bool):
+        raise ValueError(
+            f"`allow_nonfinite` must be a bool. Received: allow_nonfinite={allow_nonfinite!r}"
+        )
     if posemb_interpolation not in INTERPOLATIONS:
         raise ValueError(
             f"`posemb_interpolation` must be one of {INTERPOLATIONS}. "
@@ -276,13 +284,12 @@ def ViT(
     model = keras.Model(model_inputs, x, name=name)
 
     if weights is not None:
-        from keras_vit.weights import load_weights
-
         load_weights(
             model,
             weights,
             variant=config_name,
             interpolation=posemb_interpolation,
+            allow_nonfinite=allow_nonfinite,
         )
     return model
 

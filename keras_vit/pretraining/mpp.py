@@ -55,7 +55,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
-from keras_vit.models.anatomy import anatomy
+from keras_vit.anatomy import anatomy
 
 TARGETS = ("mean_color", "downsampled", "pixels")
 QUANTIZATIONS = ("uint8", "uniform")

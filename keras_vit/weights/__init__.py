@@ -5,10 +5,9 @@ import os
 from keras_vit.weights import cache, registry
 from keras_vit.weights.h5 import load_keras_weights
 from keras_vit.weights.npz import export_npz, load_npz, prepare_npz, read_npz
-from keras_vit.weights.registry import available_weights
 from keras_vit.weights.augreg import AugRegIndex, augreg_index
 
-__all__ = ["AugRegIndex", "augreg_index", "available_weights", "export_npz", "load_weights", "read_npz"]
+__all__ = ["AugRegIndex", "augreg_index", "export_npz", "load_weights", "read_npz"]
 
 
 def load_weights(

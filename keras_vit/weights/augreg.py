@@ -12,7 +12,7 @@ import functools
 import math
 import os
 
-from keras_vit.models import variants
+from keras_vit import variants
 from keras_vit.weights import registry
 
 COLUMNS = (

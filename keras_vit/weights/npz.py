@@ -24,6 +24,7 @@ import zlib
 import keras
 import numpy as np
 
+from keras_vit.anatomy import anatomy
 from keras_vit.layers.position_embedding import (
     infer_square_grid,
     resample_position_embedding,
@@ -118,12 +119,6 @@ def _resnet_key(layer_name):
     """`block1_unit1_conv1` -> `block1/unit1/conv1`; root names are unchanged."""
     match = _RESNET_LAYER.match(layer_name)
     return "/".join(match.groups()) if match else layer_name
-
-
-def model_grid(model):
-    """(rows, cols) of the model's patch grid."""
-    embedding = model.get_layer("embedding")
-    return embedding.grid_size(embedding.input.shape)
 
 
 class _Member:
@@ -379,6 +374,7 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     """
     path = os.fspath(path)
     targets = checkpoint_variables(model)
+    parts = anatomy(model)
     with _open_archive(path) as archive:
         members = canonical_keys(_members(archive, path), path)
         problems, notes, reads = _check_headers(targets, members)
@@ -390,7 +386,6 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
         arrays = {key: _read_member(archive, path, key, members[key]) for key in reads}
 
     values = {}
-    has_cls = "cls" in targets
     for key, variable in targets.items():
         shape = tuple(variable.shape)
         if key not in arrays:
@@ -407,7 +402,7 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
             continue
         if key == POSEMB_KEY:
             try:
-                value = _fit_posemb(value, shape, model, has_cls, source_grid, interpolation, notes)
+                value = _fit_posemb(value, shape, parts, source_grid, interpolation, notes)
             except ValueError as e:
                 problems.append(f"{key}: {e}")
                 continue
@@ -479,9 +474,9 @@ def _initial_value(layer, key, shape):
     return keras.ops.convert_to_numpy(initializer(shape, dtype="float32"))
 
 
-def _fit_posemb(value, shape, model, has_cls, source_grid, interpolation, notes):
-    prefix = 1 if has_cls else 0
-    target_grid = model_grid(model)
+def _fit_posemb(value, shape, parts, source_grid, interpolation, notes):
+    prefix = parts.num_prefix_tokens
+    target_grid = parts.grid
     if value.ndim != 3 or value.shape[-1] != shape[-1]:
         raise ValueError(f"shape {value.shape} cannot fit the model's {shape}")
     grid_tokens = value.shape[1] - prefix
@@ -523,7 +518,7 @@ def export_npz(model, path):
         key: keras.ops.convert_to_numpy(variable.value).astype(np.float32)
         for key, variable in checkpoint_variables(model).items()
     }
-    rows, cols = model_grid(model)
+    rows, cols = anatomy(model).grid
     if rows != cols:
         arrays[GRID_KEY] = np.array([rows, cols], np.int32)
     path = os.fspath(path)

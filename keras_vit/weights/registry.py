@@ -11,6 +11,9 @@ import os
 import re
 import urllib.parse
 
+from keras_vit.anatomy import anatomy
+from keras_vit.variants import ROOT_WIDTH, VARIANTS, augreg_name
+
 # Override with a mirror (e.g. a local copy of the bucket) through the
 # environment: KERAS_VIT_WEIGHTS_URL=https://my.mirror/vit_models
 DEFAULT_BASE_URL = "https://storage.googleapis.com/vit_models"
@@ -64,9 +67,6 @@ AUGREG_FILE = re.compile(
     r"(--\w+-steps_\d+k-lr_[\d.]+-res_\d+)?$"
 )
 
-# Hybrid ResNet layers are named `block{stage}_unit{unit}_...`.
-_RESNET_UNIT = re.compile(r"^block(\d+)_unit(\d+)_conv1$")
-
 NAMES = ("imagenet21k", "imagenet21k+imagenet2012", "augreg", "augreg+imagenet2012", "sam")
 
 
@@ -74,8 +74,9 @@ def base_url():
     return os.environ.get("KERAS_VIT_WEIGHTS_URL", DEFAULT_BASE_URL).rstrip("/")
 
 
-def available_weights(variant):
-    """The registered weight names that exist for an original config name."""
+def registered_names(variant):
+    """The registered weight names that exist for an original config name
+    (`keras_vit.available_weights` accepts every alias of a model)."""
     names = []
     for name, table in (
         ("imagenet21k", IMAGENET21K),
@@ -110,8 +111,6 @@ def resolve(weights, variant, resolution=None):
             "weights=...)`); a custom-size model can load a file path. "
             f"Received: weights={weights!r}"
         )
-    from keras_vit.models.variants import augreg_name
-
     name = str(weights).removesuffix(".npz")
     match = AUGREG_FILE.match(name)
     if match:
@@ -122,7 +121,7 @@ def resolve(weights, variant, resolution=None):
                 f"Received: weights={weights!r}"
             )
         return f"augreg/{name}.npz"
-    available = available_weights(variant)
+    available = registered_names(variant)
     if weights not in available:
         raise ValueError(
             f"No {weights!r} checkpoint is published for {variant}. Available "
@@ -150,21 +149,8 @@ def url(bucket_path):
 def check_architecture(model, variant, weights):
     """Refuses, before any download, a model whose architecture is not the
     published `variant`'s (e.g. `ViT-B_16` with `num_layers=2`)."""
-    from keras_vit import layers as vit_layers
-    from keras_vit.models.resnet import ROOT_WIDTH
-    from keras_vit.models.variants import VARIANTS
-
     fields = VARIANTS[variant]
-    names = {layer.name: layer for layer in model.layers}
-    blocks = [
-        layer for layer in model.layers if isinstance(layer, vit_layers.TransformerEncoderBlock)
-    ]
-    stages = {}
-    for name in names:
-        match = _RESNET_UNIT.match(name)
-        if match:
-            stage, unit = int(match.group(1)), int(match.group(2))
-            stages[stage] = max(stages.get(stage, 0), unit)
+    parts = anatomy(model)
     hybrid = fields["resnet"] is not None
     expected = {
         "patch_size": (fields["patch_size"],) * 2,
@@ -176,18 +162,15 @@ def check_architecture(model, variant, weights):
         "resnet": tuple(fields["resnet"]) if hybrid else None,
         "ResNet root width": ROOT_WIDTH if hybrid else None,
     }
-    embedding = names["embedding"]
     actual = {
-        "patch_size": tuple(embedding.patch_size),
-        "hidden_size": embedding.hidden_size,
-        "num_layers": len(blocks),
-        "mlp_dim": blocks[0].mlp_dim if blocks else None,
-        "num_heads": blocks[0].num_heads if blocks else None,
-        "class token": "cls" in names,
-        "resnet": tuple(stages[s] for s in sorted(stages)) if "conv_root" in names else None,
-        "ResNet root width": (
-            names["conv_root"].kernel.shape[-1] if "conv_root" in names else None
-        ),
+        "patch_size": parts.embedding_patch_size,
+        "hidden_size": parts.hidden_size,
+        "num_layers": parts.num_layers,
+        "mlp_dim": parts.mlp_dim,
+        "num_heads": parts.num_heads,
+        "class token": parts.has_class_token,
+        "resnet": parts.resnet,
+        "ResNet root width": parts.resnet_width,
     }
     differences = [
         f"{key} {actual[key]!r} (the checkpoint's: {expected[key]!r})"

@@ -2,10 +2,12 @@
 
 The builder (`keras_vit.models.vit.ViT`) names its layers after the original
 checkpoint's scopes (`embedding`, `cls`, `posembed_input`, `encoderblock_{i}`,
-`encoder_norm`, `pre_logits`, `head`). `anatomy(model)` is the one place that
-reads those names back into a structure; the weight loader, the inspection
-tools, masked patch prediction and the recipes all ask it instead of looking
-for layers themselves.
+`encoder_norm`, `pre_logits`, `head`, and `conv_root`, `block{s}_unit{u}_*`
+for a hybrid's ResNet). `anatomy(model)` is the one place that reads those
+names back into a structure; the weight loader, the inspection tools, masked
+patch prediction and the recipes all ask it instead of looking for layers
+themselves. It lives outside `models/` so that `weights/` can use it without
+importing the builders; it is public as `keras_vit.models.anatomy`.
 """
 
 import dataclasses
@@ -16,6 +18,9 @@ import keras
 from keras_vit import layers as vit_layers
 
 _BLOCK = re.compile(r"^encoderblock_(\d+)$")
+# Hybrid ResNet units: the checkpoint's `block{s}/unit{u}/conv1` (Keras names
+# cannot hold "/").
+_RESNET_UNIT = re.compile(r"^block(\d+)_unit(\d+)_conv1$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,13 +35,21 @@ class ModelAnatomy:
         patch_size: `(height, width)` of one patch in input pixels. For a
             hybrid this is the ResNet stem's stride times the patch size on
             its feature map.
+        embedding_patch_size: `(height, width)` of the patch embedding's
+            kernel: `patch_size` for a plain ViT, the patch on the ResNet
+            feature map for a hybrid.
         hidden_size: token width.
+        mlp_dim: hidden width of the blocks' MLP.
         num_heads: attention heads per block.
         num_layers: number of encoder blocks.
         block_names: the blocks' layer names, in order.
         num_prefix_tokens: tokens before the grid (1 with a class token).
         hybrid: True when the patch embedding reads a feature map (a ResNet
             stem) rather than the image.
+        resnet: a hybrid's residual units per ResNet stage (`()` for the
+            root alone), or None for a plain ViT.
+        resnet_width: a hybrid's ResNet root width (64 x width factor), or
+            None for a plain ViT.
         has_pre_logits: True when the model has the pre-training head's
             `pre_logits` layer (Dense + tanh).
         num_classes: width of the `head` layer, or None without a head.
@@ -48,12 +61,16 @@ class ModelAnatomy:
     channels: int
     grid: tuple
     patch_size: tuple
+    embedding_patch_size: tuple
     hidden_size: int
+    mlp_dim: int
     num_heads: int
     num_layers: int
     block_names: tuple
     num_prefix_tokens: int
     hybrid: bool
+    resnet: object
+    resnet_width: object
     has_pre_logits: bool
     num_classes: object
     outputs_tokens: bool
@@ -106,6 +123,21 @@ def _block_names(model):
     return tuple(found[i] for i in range(len(found)))
 
 
+def _resnet(model):
+    """`(units per stage, root width)` of a hybrid, `(None, None)` otherwise."""
+    layers = {layer.name: layer for layer in model.layers}
+    root = layers.get("conv_root")
+    if not isinstance(root, vit_layers.StdConv2D):
+        return None, None
+    units = {}
+    for name in layers:
+        match = _RESNET_UNIT.match(name)
+        if match:
+            stage, unit = int(match.group(1)), int(match.group(2))
+            units[stage] = max(units.get(stage, 0), unit)
+    return tuple(units[s] for s in sorted(units)), root.kernel.shape[-1]
+
+
 def anatomy(model):
     """The `ModelAnatomy` of a keras_vit model (plain or hybrid).
 
@@ -129,6 +161,8 @@ def anatomy(model):
     has_cls = "cls" in layer_names and isinstance(model.get_layer("cls"), vit_layers.ClassToken)
     head = model.get_layer("head") if "head" in layer_names else None
     norm = get_layer(model, "encoder_norm")
+    first_block = model.get_layer(names[0])
+    resnet, resnet_width = _resnet(model)
     return ModelAnatomy(
         image_size=(height, width),
         channels=image_shape[3],
@@ -136,12 +170,16 @@ def anatomy(model):
         # The sides are multiples of the effective stride (checked by `ViT`),
         # so this is (stem stride x patch) for hybrids and the patch otherwise.
         patch_size=(height // rows, width // cols),
+        embedding_patch_size=tuple(embedding.patch_size),
         hidden_size=embedding.hidden_size,
-        num_heads=model.get_layer(names[0]).num_heads,
+        mlp_dim=first_block.mlp_dim,
+        num_heads=first_block.num_heads,
         num_layers=len(names),
         block_names=names,
         num_prefix_tokens=1 if has_cls else 0,
         hybrid=feature_shape[1:3] != image_shape[1:3],
+        resnet=resnet,
+        resnet_width=resnet_width,
         has_pre_logits="pre_logits" in layer_names,
         num_classes=head.units if isinstance(head, keras.layers.Dense) else None,
         outputs_tokens=len(model.outputs) == 1 and model.outputs[0] is norm.output,

@@ -16,6 +16,10 @@ SIZES = {
     "H": dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32),
 }
 
+# Hybrids' ResNet root width before the width factor (`width = int(64 *
+# width_factor)`, vit_jax `models_vit.py`); 64 in every published model.
+ROOT_WIDTH = 64
+
 # Every field a variant sets; any of them can be overridden by a keyword.
 DEFAULTS = dict(
     patch_size=16,
