@@ -94,7 +94,9 @@ def test_notebook_runs_at_smoke_size(bucket, tmp_path, monkeypatch):
     # One CPU device: the batch of 8 in one step, 4 updates.
     assert (results["num_replicas"], results["accum_steps"], results["updates"]) == (1, 1, 4)
     assert np.isfinite(results["train_loss"]) and np.isfinite(results["test_loss"])
-    assert 0 < results["test_loss"] < 10 and 0.0 <= results["test_accuracy"] <= 1.0
+    # The zero-initialised head starts at log(3); four updates on the
+    # separable generated classes must do better on the test images.
+    assert 0 < results["test_loss"] < np.log(3) and 0.0 <= results["test_accuracy"] <= 1.0
     assert set(results["top1"]) <= {"red", "green", "blue"} and len(results["top1"]) == 8
     assert results["keras_max_abs_diff"] == pytest.approx(0.0, abs=1e-5)
     if BACKEND == "torch":
