@@ -120,7 +120,7 @@ def _prescan(argv, prog):
     return name, smoke
 
 
-def parse(argv, configs, *, prog, description, aliases=None):
+def parse(argv, configs, *, prog, description):
     """Parses `argv` into `(config_name, config, smoke)`.
 
     Args:
@@ -130,8 +130,6 @@ def parse(argv, configs, *, prog, description, aliases=None):
             `get_config(name, smoke)`).
         prog: program name in messages.
         description: text of `--help`.
-        aliases: optional `{older flag: field}` still accepted (hidden from
-            `--help`), e.g. `{"out": "run_dir"}`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     name, smoke = _prescan(argv, prog)
@@ -153,7 +151,7 @@ def parse(argv, configs, *, prog, description, aliases=None):
     parser.add_argument("--smoke", nargs="?", const=True, default=False, type=parse_bool,
                         help="a tiny model for a few steps on generated data: checks the set-up, no download")
     types = type(config).types()
-    by_field = {}
+    fields = []
     for field in type(config).__dataclass_fields__.values():
         parse_value, metavar = parser_for(types[field.name])
         value = getattr(config, field.name)
@@ -164,11 +162,9 @@ def parse(argv, configs, *, prog, description, aliases=None):
         help_text = f"{field.metadata.get('help', '')} (default: {_show(value)})"
         # argparse %-formats help strings.
         parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)
-        by_field[field.name] = kwargs
-    for old, field in (aliases or {}).items():
-        parser.add_argument(f"--{old}", help=argparse.SUPPRESS, **dict(by_field[field], default=argparse.SUPPRESS))
+        fields.append(field.name)
     args = parser.parse_args(argv)
-    for field in by_field:
+    for field in fields:
         setattr(config, field, getattr(args, field))
     return args.config, config, bool(args.smoke)
 

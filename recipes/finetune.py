@@ -64,8 +64,15 @@ def build_model(config, num_classes):
         except (ValueError, OSError) as error:
             raise cli.RecipeError(f"--weights={config.weights}: {error}") from None
     if config.reset_head:
-        skeleton.zero_head(model, config.model_overrides.get("head_bias_init", 0.0))
+        # The builder's layers are kept (pre_logits too, when configured).
+        model = keras_vit.reset_head(
+            model, num_classes, keep_pre_logits=True,
+            bias=config.model_overrides.get("head_bias_init", 0.0),
+        )
         notes.append("head: zero-initialised for fine-tuning.")
+    if getattr(config, "linear_probe", False):
+        keras_vit.freeze_backbone(model)
+        notes.append("backbone frozen: only the head trains (linear probe).")
     return model, notes
 
 

@@ -26,13 +26,11 @@ from recipes.configs import inspect as configs
 
 PROG = "python -m recipes.inspect_vit"
 DESCRIPTION = __doc__.split("\n\n")[0]
-# Older spellings of this recipe's flags, still accepted.
-ALIASES = {"out": "run_dir", "input-size": "image_size"}
 
 
 def parse(argv=None):
     """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION, aliases=ALIASES)
+    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
 
 
 def _expected(what):

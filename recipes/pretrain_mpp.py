@@ -35,15 +35,12 @@ from recipes.configs.pretrain_mpp import SMOKE_MODEL  # noqa: F401
 
 PROG = "python -m recipes.pretrain_mpp"
 DESCRIPTION = __doc__.split("\n\n")[0]
-# Older spellings of this recipe's flags, still accepted.
-ALIASES = {"out": "run_dir", "steps": "total_steps", "input-size": "image_size", "tfds": "dataset",
-           "steps-per-epoch": "log_every"}
 SUMMARY_KEYS = ("steps", "final_loss", "images_per_second", "total_wall_time_s", "encoder_npz", "backbone_keras")
 
 
 def parse(argv=None):
     """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION, aliases=ALIASES)
+    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
 
 
 def synthetic_images(count, height, width, seed=0, waves=3):

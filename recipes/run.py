@@ -158,7 +158,7 @@ def check_batches(config, setup):
 
 def check_model(config):
     """An unknown `--model` is refused before any work."""
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     if config.model is None:
         return None
@@ -339,18 +339,9 @@ def build_vit(config, **kwargs):
         raise RecipeError(f"the model (--model={config.model}, --model_overrides): {error}") from None
 
 
-def zero_head(model, bias=0.0):
-    """Zero head kernel, constant bias: the fresh head of paper Sec. 3.2."""
-    import numpy as np
-
-    head = model.get_layer("head")
-    head.kernel.assign(np.zeros(tuple(head.kernel.shape), "float32"))
-    head.bias.assign(np.full(tuple(head.bias.shape), bias, "float32"))
-
-
 def hidden_size(config):
     """The width of the configured model, without building it."""
-    from keras_vit.models import variants
+    from keras_vit import variants
 
     if "hidden_size" in config.model_overrides:
         return int(config.model_overrides["hidden_size"])

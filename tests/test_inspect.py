@@ -321,7 +321,7 @@ def test_recipe_writes_figures(plain, tmp_path):
     saved = str(tmp_path / "model.keras")
     plain.save(saved)
     recipe = runpy.run_path(RECIPE, run_name="recipe")
-    written = recipe["main"](["--model", saved, "--images", str(folder), "--out", str(tmp_path / "run")])
+    written = recipe["main"]([f"--model={saved}", f"--images={folder}", f"--run_dir={tmp_path / 'run'}"])
     assert set(written) == {"rollout", "posemb_similarity", "embedding_filters",
                             "attention_distance", "arrays", "summary"}
     _check_file(written["rollout"], b"PNG")

@@ -220,7 +220,7 @@ def test_bad_backbones(backbone):
 
 def test_short_run_then_finetune_from_checkpoint(tmp_path):
     recipe = runpy.run_path(RECIPE, run_name="recipe")
-    result = recipe["main"](["--smoke", "--out", str(tmp_path)])
+    result = recipe["main"](["--smoke", f"--run_dir={tmp_path}"])
     losses = result["history"]["loss"]
     # 24 steps on smooth synthetic colour fields; chance is ln(512) = 6.24.
     assert losses[0] < 6.3 and losses[-1] < losses[0] - 0.1, losses

@@ -114,7 +114,7 @@ def test_one_dialect_for_every_recipe():
     # pretrain_mpp: --smoke no longer ignores the input size (issue 15).
     _, config, smoke = pretrain_mpp.parse(["--smoke", "--image_size=32"])
     assert smoke and config.image_size == (32,) and config.dataset == "synthetic"
-    _, config, _ = pretrain_mpp.parse(["--smoke", "--out", "/tmp/y", "--input-size", "16,32", "--steps=5"])
+    _, config, _ = pretrain_mpp.parse(["--smoke", "--run_dir", "/tmp/y", "--image_size", "16,32", "--total_steps=5"])
     assert (config.run_dir, config.image_size, config.total_steps) == ("/tmp/y", (16, 32), 5)
 
 
@@ -301,6 +301,22 @@ def test_finetune_smoke_on_mocked_tfds(tmp_path, capsys):
     assert np.isfinite(summary["final_loss"]) and 0.0 <= summary["accuracy"] <= 1.0
     assert (tmp_path / "model.keras").exists() and (tmp_path / "model.npz").exists()
     assert read_npz(str(tmp_path / "model.npz"))["head/kernel"].shape == (16, 10)
+
+
+def test_finetune_linear_probe_trains_the_head_only(tmp_path):
+    """--linear_probe (keras_vit.freeze_backbone): starting from a checkpoint,
+    every weight but the head's comes out exactly as it went in."""
+    finetune.main(["--smoke", f"--run_dir={tmp_path / 'a'}", "--verbose=0"])
+    start = read_npz(str(tmp_path / "a" / "model.npz"))
+    finetune.main(["--smoke", f"--run_dir={tmp_path / 'b'}", f"--weights={tmp_path / 'a' / 'model.npz'}",
+                   "--linear_probe", "--learning_rate=0.3", "--verbose=0"])
+    end = read_npz(str(tmp_path / "b" / "model.npz"))
+    assert set(start) == set(end)
+    for key in start:
+        if key.startswith("head/"):
+            continue
+        np.testing.assert_array_equal(end[key], start[key], err_msg=key)
+    assert np.abs(end["head/kernel"]).max() > 0  # the head trained (from zero)
 
 
 def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):

@@ -36,6 +36,9 @@ class FinetuneConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     reset_head: bool = arg(
         True, "replace the head by a zero-initialised one (paper Sec. 3.2) even when the "
         "checkpoint's has the right size")
+    linear_probe: bool = arg(
+        False, "train the head only (keras_vit.freeze_backbone): a linear probe of the "
+        "pre-trained features")
     dataset: Optional[str] = arg(
         "cifar10", "tfds name (cifar10, imagenet2012, ...) or a folder holding one sub-folder per "
         "split, each with one sub-folder per class")
