@@ -54,7 +54,7 @@ def pipelines(source, image_size, batch_size):
         "pretrain train (inception crop, flip)": lambda: data.pretrain_pipeline(
             source, training=True, image_size=image_size, **common),
         "pretrain train, AugReg medium1 (RandAugment 2/15, mixup 0.2)": lambda: data.pretrain_pipeline(
-            source, training=True, image_size=image_size, augreg="medium1", **common),
+            source, training=True, image_size=image_size, randaugment=(2, 15), mixup_alpha=0.2, **common),
         "pretrain eval (resize_small, centre crop)": lambda: data.pretrain_pipeline(
             source, training=False, image_size=image_size, **common),
         "finetune train (inception crop, flip)": lambda: data.finetune_pipeline(

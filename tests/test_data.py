@@ -206,20 +206,6 @@ def test_mixup_one_sorted_weight_shared_by_images_and_labels():
     np.testing.assert_allclose(mixed_labels.numpy().sum(-1), 1.0, atol=1e-6)
 
 
-def test_augreg_presets_table():
-    assert {k: tuple(v) for k, v in ops.AUGREG_PRESETS.items()} == {
-        "none": (0, 0, 0.0),
-        "light1": (2, 0, 0.0),
-        "light2": (2, 10, 0.2),
-        "medium1": (2, 15, 0.2),
-        "medium2": (2, 15, 0.5),
-        "strong1": (2, 20, 0.5),
-        "strong2": (2, 20, 0.8),
-    }
-    with pytest.raises(ValueError, match=r"Received: augreg='medium3'"):
-        ops.augreg_preset("medium3")
-
-
 # ---------------------------------------------------------------------------
 # Sources.
 # ---------------------------------------------------------------------------
@@ -343,10 +329,11 @@ def test_pretrain_eval_resize_small_central_crop(folder):
     np.testing.assert_array_equal(images[index], want)
 
 
-def test_pretrain_train_with_augreg_preset(folder):
+def test_pretrain_train_with_randaugment_and_mixup(folder):
     source = keras_vit.data.from_directory(folder[0])
+    # AugReg's strong2 (recipes/configs/pretrain.py): RandAugment 2/20, mixup 0.8.
     ds = keras_vit.data.pretrain_pipeline(
-        source, training=True, batch_size=5, image_size=16, augreg="strong2", seed=1
+        source, training=True, batch_size=5, image_size=16, randaugment=(2, 20), mixup_alpha=0.8, seed=1
     )
     images, labels = _batches(ds, 4)
     assert images.shape == (20, 16, 16, 3)
@@ -356,8 +343,6 @@ def test_pretrain_train_with_augreg_preset(folder):
     plain = keras_vit.data.pretrain_pipeline(source, training=True, batch_size=5, image_size=16)
     _, plain_labels = _batches(plain, 2)
     assert set(plain_labels.max(-1)) == {1.0}
-    with pytest.raises(ValueError, match="not both"):
-        keras_vit.data.pretrain_pipeline(source, training=True, batch_size=5, augreg="light1", mixup_alpha=0.2)
 
 
 def test_pipeline_argument_errors(folder):

@@ -86,6 +86,18 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
     assert "Received: config='cifar11'" in capsys.readouterr().err
 
 
+def test_augreg_presets_table():
+    """AugReg's presets (Steiner et al. Sec. 3.3; big_vision RANDAUG_DEF,
+    MIXUP_DEF), beside the pre-training config that uses them."""
+    from recipes.configs import pretrain as pretrain_configs
+
+    assert pretrain_configs.AUGREG == {
+        "none": (None, 0.0), "light1": ((2, 0), 0.0), "light2": ((2, 10), 0.2),
+        "medium1": ((2, 15), 0.2), "medium2": ((2, 15), 0.5), "strong1": ((2, 20), 0.5),
+        "strong2": ((2, 20), 0.8),
+    }
+
+
 def test_configs_are_typed_attributes():
     config = finetune_configs.get_config("cifar10")
     with pytest.raises(AttributeError, match="learnig_rate"):

@@ -11,8 +11,6 @@ the batches it yields feed `model.fit` under any `KERAS_BACKEND`.
 
 from keras_vit.data import ops
 from keras_vit.data import vtab
-from keras_vit.data.ops import AUGREG_PRESETS
-from keras_vit.data.ops import augreg_preset
 from keras_vit.data.pipelines import DataSource
 from keras_vit.data.pipelines import DatasetNotAvailableError
 from keras_vit.data.pipelines import finetune_pipeline

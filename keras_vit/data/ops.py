@@ -16,7 +16,6 @@ Sources of the numbers:
   and mixup from `utils.py`.
 """
 
-import collections
 import math
 import numbers
 
@@ -535,34 +534,3 @@ def mixup(images, labels, alpha):
         return w * x + (1 - w) * tf.roll(x, shift=1, axis=0)
 
     return mix(images), mix(labels)
-
-
-# ---------------------------------------------------------------------------
-# AugReg presets (Steiner et al., "How to train your ViT?", Sec. 3.3).
-# ---------------------------------------------------------------------------
-
-AugRegPreset = collections.namedtuple(
-    "AugRegPreset", ["randaugment_layers", "randaugment_magnitude", "mixup_alpha"]
-)
-
-# (RandAugment layers, magnitude, mixup alpha) per AugReg setting. "light1" is
-# randaug(2, 0): not the identity (see `randaugment`). Source: AugReg paper
-# Sec. 3.3 and big_vision `configs/vit_i21k.py` (RANDAUG_DEF, MIXUP_DEF).
-AUGREG_PRESETS = {
-    "none": AugRegPreset(0, 0, 0.0),
-    "light1": AugRegPreset(2, 0, 0.0),
-    "light2": AugRegPreset(2, 10, 0.2),
-    "medium1": AugRegPreset(2, 15, 0.2),
-    "medium2": AugRegPreset(2, 15, 0.5),
-    "strong1": AugRegPreset(2, 20, 0.5),
-    "strong2": AugRegPreset(2, 20, 0.8),
-}
-
-
-def augreg_preset(name):
-    """Returns the `AugRegPreset` named `name` (see `AUGREG_PRESETS`)."""
-    if name not in AUGREG_PRESETS:
-        raise ValueError(
-            f"Unknown AugReg preset; expected one of {list(AUGREG_PRESETS)}. Received: augreg={name!r}"
-        )
-    return AUGREG_PRESETS[name]

@@ -533,7 +533,6 @@ def pretrain_pipeline(
     batch_size,
     image_size=224,
     resize_size=None,
-    augreg=None,
     randaugment=None,
     mixup_alpha=0.0,
     shuffle_buffer=SHUFFLE_BUFFER,
@@ -558,11 +557,8 @@ def pretrain_pipeline(
         resize_size: int. Evaluation only: the smaller side before the
             central crop. Defaults to `image_size * 8 / 7` rounded (256 for
             224).
-        augreg: optional AugReg preset name (`"none"`, `"light1"`,
-            `"light2"`, `"medium1"`, `"medium2"`, `"strong1"`, `"strong2"`;
-            see `keras_vit.data.ops.AUGREG_PRESETS`). Sets RandAugment and
-            mixup; do not pass `randaugment`/`mixup_alpha` with it.
-        randaugment: optional `(num_layers, magnitude)`.
+        randaugment: optional `(num_layers, magnitude)`; AugReg's presets
+            (`light1` ... `strong2`) are in `recipes/configs/pretrain.py`.
         mixup_alpha: float >= 0; 0 turns mixup off. Defaults to 0.
         shuffle_buffer: int. Training shuffle buffer (capped at the number of
             examples). Defaults to 50,000.
@@ -578,15 +574,6 @@ def pretrain_pipeline(
         `(B, num_classes)`.
     """
     _check_common(source, training, batch_size, image_size, cache)
-    if augreg is not None:
-        if randaugment is not None or mixup_alpha:
-            raise ValueError(
-                "Pass either `augreg` or `randaugment`/`mixup_alpha`, not both. "
-                f"Received: augreg={augreg!r}, randaugment={randaugment!r}, mixup_alpha={mixup_alpha!r}"
-            )
-        preset = ops.augreg_preset(augreg)
-        randaugment = (preset.randaugment_layers, preset.randaugment_magnitude)
-        mixup_alpha = preset.mixup_alpha
     if randaugment is not None:
         try:
             layers, magnitude = randaugment
