@@ -432,3 +432,91 @@ def test_keras_seams_used_by_resume_still_hold():
     keras.random.uniform((1,))
     assert len(training.callbacks._global_seed_state()) == 2
     assert training.callbacks._process_index() == 0
+
+
+# --- Multi-process JAX: one writer, every process resumes at the same step --
+
+MP_STEPS, MP_KILL_AFTER = 4, 3  # 2 epochs of 4 steps; killed after step 3
+
+
+def _mp_worker():
+    """One of 2 JAX processes x 2 CPU devices, data parallel over the 4;
+    each feeds its own half of every global batch of 8."""
+    keras.distribution.initialize()
+    index = int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"])
+    distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+    distribution.auto_shard_dataset = False  # each process passes its own shard
+    keras.distribution.set_distribution(distribution)
+    workdir = os.environ["KERAS_VIT_TEST_WORKDIR"]
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, MP_STEPS * 4, 4)).astype("float32")[index]
+    y = np.eye(2, dtype="float32")[rng.integers(0, 2, (2, MP_STEPS * 4))[index]]
+    model = _small_model()
+    writes = []
+    save_weights = model.save_weights
+    model.save_weights = lambda *a, **k: (writes.append(a[0]), save_weights(*a, **k))[1]
+    backup = training.BackupAndResume(os.path.join(workdir, "backup"), save_freq=1)
+
+    class KillAll(keras.callbacks.Callback):  # every worker dies at the same step
+        def on_train_batch_end(self, batch, logs=None):
+            marker = os.path.join(workdir, f"killed-{index}")
+            step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+            if step == MP_KILL_AFTER and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[backup, KillAll()])
+    print(json.dumps({
+        "index": index,
+        "resumed_from": backup.resumed_from["step"] if backup.resumed_from else None,
+        "steps": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
+        "writes": sum(path.startswith(workdir) for path in writes),
+        "weights": [w.tolist() for w in model.get_weights()],
+    }))
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _mp_run(workdir):
+    port = _free_port()
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", "from tests.test_fault_tolerance import _mp_worker; _mp_worker()"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=child_env(
+                KERAS_BACKEND="jax", KERAS_VIT_TEST_WORKDIR=str(workdir),
+                XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+                KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
+                KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(i),
+            ),
+        )
+        for i in range(2)
+    ]
+    try:
+        return [(w.wait(timeout=120), *w.communicate()) for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="multi-process JAX")
+def test_multi_process_run_writes_once_and_resumes_everywhere(tmp_path):
+    killed = _mp_run(tmp_path)
+    assert [rc for rc, _, _ in killed] == [-signal.SIGKILL] * 2, killed[0][2][-3000:]
+    checkpoint = json.loads((tmp_path / "backup" / "checkpoint.json").read_text())
+    assert checkpoint["step"] == MP_KILL_AFTER
+    resumed = _mp_run(tmp_path)
+    assert [rc for rc, _, _ in resumed] == [0, 0], resumed[0][2][-3000:] + resumed[1][2][-3000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in resumed]
+    assert [r["resumed_from"] for r in reports] == [MP_KILL_AFTER] * 2
+    assert [r["steps"] for r in reports] == [2 * MP_STEPS] * 2
+    # Only process 0 wrote (5 saves: steps 4..8); both hold the same weights.
+    assert [r["writes"] for r in reports] == [2 * MP_STEPS - MP_KILL_AFTER, 0]
+    assert reports[0]["weights"] == reports[1]["weights"]

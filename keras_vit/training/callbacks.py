@@ -5,6 +5,7 @@ import math
 import os
 import re
 import socket
+import tempfile
 
 import keras
 import numpy as np
@@ -148,6 +149,11 @@ class BackupAndResume(keras.callbacks.Callback):
         step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         self._since_save = 0
         if not self._is_writer():
+            # `save_weights` runs cross-process collectives on multi-process
+            # JAX (Keras creates variables while saving), so every process
+            # calls it; only process 0 keeps the file.
+            with tempfile.TemporaryDirectory() as scratch:
+                model.save_weights(os.path.join(scratch, "discarded.weights.h5"))
             self._last_saved = {"step": step}
             return
         os.makedirs(self.backup_dir, exist_ok=True)
