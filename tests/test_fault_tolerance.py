@@ -244,8 +244,8 @@ def _copy(checkpoint, tmp_path, **changes):
     "model, match",
     [
         (lambda: _small_model(optimizer="sgd"),
-         r"optimizer.class is 'keras.src.optimizers.adam.Adam' in the checkpoint, "
-         r"'keras.src.optimizers.sgd.SGD' in this run"),
+         r"optimizer.class is 'keras.src.[\w.]*Adam' in the checkpoint, "
+         r"'keras.src.[\w.]*SGD' in this run"),
         (lambda: _small_model(optimizer=keras.optimizers.Adam(0.01)),
          r"optimizer.config.learning_rate is 0.00100\d* in the checkpoint, 0.0099\d* in this run"),
         (lambda: _small_model(units=5),
@@ -362,13 +362,17 @@ def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path)
 
 def test_resume_restores_the_random_state(tmp_path):
     """In process: a run resumed from the checkpoint its uninterrupted twin
-    wrote after epoch 0 draws the same dropout masks (the SeedGenerator
+    wrote after epoch 0 (at an epoch boundary, unlike the SIGKILL test) draws the same dropout masks (the SeedGenerator
     states and the global one are in the checkpoint) and ends identical."""
     directory, copy = tmp_path / "backup", tmp_path / "after_epoch_0"
 
     class CopyAfterEpoch0(keras.callbacks.Callback):
-        def on_epoch_end(self, epoch, logs=None):
-            if epoch == 0:
+        # The end-of-epoch checkpoint is written when the next step starts.
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.epoch == 1 and batch == 0:
                 shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.lock"))
 
     reference = _small_model()

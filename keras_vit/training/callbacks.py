@@ -21,7 +21,7 @@ _FIELDS = {
     "steps_per_epoch": (int, type(None)), "epochs": (int, type(None)),
     "variables": list, "model_config": (dict, type(None)),
     "optimizer": (dict, type(None)), "seed_states": list,
-    "global_seed_state": (list, type(None)),
+    "global_seed_state": (list, type(None)), "torch_rng_states": (list, type(None)),
 }
 # Locks this process holds: a `fit` that raised never reaches
 # `on_train_end`, and a new run in the same process takes its lock over.
@@ -105,6 +105,11 @@ class BackupAndResume(keras.callbacks.Callback):
         self._original_train_function = None
         self._last_saved = None
         self._failed = False
+        # A save due at the end of an epoch waits for the next batch: the
+        # epoch change draws from PyTorch's generator (its DataLoader), and
+        # the state saved must be the one the next step starts from.
+        self._save_pending = False
+        self._torch_rng_pending = None  # restored when the first real step starts
         self.resumed_from = None  # metadata of the checkpoint loaded, if any
 
     # --- Checkpoint files -------------------------------------------------
@@ -148,6 +153,7 @@ class BackupAndResume(keras.callbacks.Callback):
         model = self.model  # on JAX this syncs the training state first
         step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         self._since_save = 0
+        self._save_pending = False
         if not self._is_writer():
             # `save_weights` runs cross-process collectives on multi-process
             # JAX (Keras creates variables while saving), so every process
@@ -173,6 +179,7 @@ class BackupAndResume(keras.callbacks.Callback):
             **_run_signature(model),
             "seed_states": [_state(v) for v in _seed_states(model)],
             "global_seed_state": _global_seed_state(),
+            "torch_rng_states": _torch_rng_states(),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
         with open(temporary, "w", encoding="utf-8") as f:
@@ -201,6 +208,7 @@ class BackupAndResume(keras.callbacks.Callback):
             variable.assign(np.asarray(value, dtype=variable.dtype))
         if metadata["global_seed_state"] is not None:
             _set_global_seed_state(metadata["global_seed_state"])
+        self._torch_rng_pending = metadata["torch_rng_states"]
         self.resumed_from = metadata
         self._last_saved = metadata
         epoch, batch = metadata["epoch"], metadata["batch"]
@@ -295,8 +303,14 @@ class BackupAndResume(keras.callbacks.Callback):
         self._batches_in_epoch = 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._original_train_function is not None and not self._skipping():
-            self._unwrap()
+        if self._skipping():
+            return
+        self._unwrap()
+        if self._torch_rng_pending is not None:
+            _set_torch_rng_states(self._torch_rng_pending)
+            self._torch_rng_pending = None
+        if self._save_pending:
+            self._save()
 
     def on_train_batch_end(self, batch, logs=None):
         # With steps_per_execution > 1 each call covers several batches.
@@ -325,11 +339,14 @@ class BackupAndResume(keras.callbacks.Callback):
                 )
         self._since_save += new
         if isinstance(self.save_freq, int) and self._since_save >= self.save_freq:
-            self._save()
+            if done == self.params.get("steps"):
+                self._save_pending = True
+            else:
+                self._save()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.save_freq == "epoch":
-            self._save()
+            self._save_pending = True
 
     def on_train_end(self, logs=None):
         self._unwrap()
@@ -337,7 +354,7 @@ class BackupAndResume(keras.callbacks.Callback):
         if not self._failed:
             if self.delete_on_finish:
                 self._delete_own_files()
-            elif self._since_save:
+            elif self._since_save or self._save_pending:
                 self._save()
         if self._is_writer():
             _release_lock(self.backup_dir)
@@ -459,6 +476,34 @@ def _set_global_seed_state(value):
     state.assign(np.asarray(value, dtype=state.dtype))
 
 
+def _torch_rng_states():
+    """PyTorch's own generators (CPU, then each GPU), or None on other
+    backends: Keras' unseeded `Dropout` draws its mask from them on PyTorch
+    (`torch.nn.functional.dropout`), not from a SeedGenerator."""
+    if keras.backend.backend() != "torch":
+        return None
+    import torch  # only on the PyTorch backend, for its RNG state
+
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available():
+        states += torch.cuda.get_rng_state_all()
+    return [state.tolist() for state in states]
+
+
+def _set_torch_rng_states(states):
+    if keras.backend.backend() != "torch":
+        raise ValueError(
+            "The checkpoint holds PyTorch random state but the backend is "
+            f"{keras.backend.backend()!r}: resume with KERAS_BACKEND=torch."
+        )
+    import torch
+
+    cpu, *gpus = [torch.tensor(state, dtype=torch.uint8) for state in states]
+    torch.set_rng_state(cpu)
+    if gpus:
+        torch.cuda.set_rng_state_all(gpus)
+
+
 def _set_initial_epoch(model, epoch):
     # `fit` starts at `model._initial_epoch` when set (Keras' own
     # BackupAndRestore uses it; no public hook moves the epoch counter).
@@ -517,6 +562,11 @@ def _validate(metadata, path):
         fail(f"`batch` must be <= steps_per_epoch={steps}. Received: batch={metadata['batch']}")
     if metadata["epochs"] is not None and metadata["epoch"] >= metadata["epochs"]:
         fail(f"`epoch` must be < epochs={metadata['epochs']}. Received: epoch={metadata['epoch']}")
+    for state in metadata["torch_rng_states"] or []:
+        if not isinstance(state, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 256 for x in state
+        ):
+            fail("`torch_rng_states` must be lists of bytes")
     states = metadata["seed_states"] + [metadata["global_seed_state"] or [0]]
     for state in states:
         if not isinstance(state, list) or not all(
