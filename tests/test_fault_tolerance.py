@@ -362,8 +362,9 @@ def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path)
 
 def test_resume_restores_the_random_state(tmp_path):
     """In process: a run resumed from the checkpoint its uninterrupted twin
-    wrote after epoch 0 (at an epoch boundary, unlike the SIGKILL test) draws the same dropout masks (the SeedGenerator
-    states and the global one are in the checkpoint) and ends identical."""
+    wrote after epoch 0 (an epoch boundary, unlike the SIGKILL test) draws
+    the same dropout masks (the SeedGenerator states, the global one and
+    PyTorch's generators are in the checkpoint) and ends identical."""
     directory, copy = tmp_path / "backup", tmp_path / "after_epoch_0"
 
     class CopyAfterEpoch0(keras.callbacks.Callback):
@@ -423,7 +424,8 @@ def test_keras_seams_used_by_resume_still_hold():
     model.fit(SMALL_X, SMALL_Y, batch_size=4, epochs=1, verbose=0, callbacks=[Spy()])
     assert len(seen) == 2
     if BACKEND == "jax":
-        assert len(seen[0]) == 2 and isinstance(seen[0][0], tuple) and hasattr(seen[0][1], "__next__")
+        state, iterator = seen[0]
+        assert isinstance(state, tuple) and hasattr(iterator, "__next__")
     elif BACKEND == "tensorflow":
         assert len(seen[0]) == 1 and hasattr(seen[0][0], "__next__")
     else:
@@ -487,15 +489,19 @@ def _free_port():
         return s.getsockname()[1]
 
 
+_MP_WORKER = "from tests.test_fault_tolerance import _mp_worker; _mp_worker()"
+
+
 def _mp_run(workdir):
+    xla_flags = os.environ.get("XLA_FLAGS", "")
     port = _free_port()
     workers = [
         subprocess.Popen(
-            [sys.executable, "-c", "from tests.test_fault_tolerance import _mp_worker; _mp_worker()"],
+            [sys.executable, "-c", _MP_WORKER],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=child_env(
                 KERAS_BACKEND="jax", KERAS_VIT_TEST_WORKDIR=str(workdir),
-                XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2",
+                XLA_FLAGS=f"{xla_flags} --xla_force_host_platform_device_count=2",
                 KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
                 KERAS_DISTRIBUTION_NUM_PROCESSES="2", KERAS_DISTRIBUTION_PROCESS_ID=str(i),
             ),
