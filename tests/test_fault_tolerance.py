@@ -240,6 +240,20 @@ def _copy(checkpoint, tmp_path, **changes):
     return directory
 
 
+_TAKE_LOCK = """
+import sys
+from keras_vit.training.callbacks import _acquire_lock
+_acquire_lock(sys.argv[1])
+"""
+_HOLD_LOCK = """
+import sys, time
+from keras_vit.training.callbacks import _acquire_lock
+_acquire_lock(sys.argv[1])
+print("locked", flush=True)
+time.sleep(300)
+"""
+
+
 @pytest.mark.parametrize(
     "model, match",
     [
@@ -263,6 +277,12 @@ def test_another_run_is_refused_naming_the_difference(small_checkpoint, tmp_path
         _small_fit(model(), directory)
     assert "\n" not in str(error.value)
     assert sorted(os.listdir(directory)) == before  # nothing lost
+    # The refused run keeps no lock: another process may use the directory.
+    taker = subprocess.run(
+        [sys.executable, "-c", _TAKE_LOCK, str(directory)], cwd=ROOT,
+        env=child_env(KERAS_BACKEND=BACKEND), capture_output=True, text=True, timeout=120,
+    )
+    assert taker.returncode == 0, taker.stderr[-2000:]
 
 
 def test_changed_fit_arguments_are_refused(small_checkpoint, tmp_path):
@@ -325,15 +345,6 @@ def test_delete_on_finish_deletes_only_the_callbacks_files(tmp_path):
     alone = tmp_path / "alone"
     _small_fit(_small_model(), alone, delete_on_finish=True)
     assert not alone.exists()
-
-
-_HOLD_LOCK = """
-import sys, time
-from keras_vit.training.callbacks import _acquire_lock
-_acquire_lock(sys.argv[1])
-print("locked", flush=True)
-time.sleep(300)
-"""
 
 
 def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path):

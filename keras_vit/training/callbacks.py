@@ -196,6 +196,13 @@ class BackupAndResume(keras.callbacks.Callback):
         self._reset_run_state()
         if self._is_writer():
             _acquire_lock(self.backup_dir)
+        try:
+            self._restore()
+        except BaseException:  # a refused checkpoint does not keep the lock
+            _release_lock(self.backup_dir)
+            raise
+
+    def _restore(self):
         metadata = self.read_checkpoint()
         if metadata is None:
             return
