@@ -3,24 +3,53 @@
 import json
 import math
 import os
+import re
+import socket
+import tempfile
 
 import keras
+import numpy as np
 
 _POINTER = "checkpoint.json"
+_LOCK = "backup.lock"
+_FORMAT = 2
+# The only names the callback writes (and so the only ones it deletes).
+_WEIGHTS_NAME = re.compile(r"step-\d{12}\.weights\.h5\Z")
+_SEED_STATE = "seed_generator_state"  # the name Keras gives a SeedGenerator's state
+_FIELDS = {
+    "format": int, "weights": str, "step": int, "epoch": int, "batch": int,
+    "steps_per_epoch": (int, type(None)), "epochs": (int, type(None)),
+    "variables": list, "model_config": (dict, type(None)),
+    "optimizer": (dict, type(None)), "seed_states": list,
+    "global_seed_state": (list, type(None)), "torch_rng_states": (list, type(None)),
+}
+# Locks this process holds: a `fit` that raised never reaches
+# `on_train_end`, and a new run in the same process takes its lock over.
+_HELD_LOCKS = {}
 
 
 class BackupAndResume(keras.callbacks.Callback):
     """Checkpoints the training state and resumes a restarted run mid-epoch.
 
     Every `save_freq` batches (and at the end of training) the weights, the
-    optimizer state (its step counter included) and the position in the run
-    (epoch, batch within the epoch) are written to `backup_dir`. When the
-    same `fit` command starts again, e.g. after the job was preempted or
-    killed, the state is loaded and training continues from the batch after
-    the checkpoint: the already-trained batches of the interrupted epoch are
-    read from the data and skipped without an update, so the run ends with
-    the same number of optimizer steps (and, for data that is the same each
-    epoch, the same batches) as an uninterrupted one.
+    optimizer state (its step counter included), the random state (every
+    `keras.random.SeedGenerator` of the model, e.g. dropout and drop-path,
+    and Keras' global one) and the position in the run (epoch, batch within
+    the epoch) are written to `backup_dir`. When the same `fit` command
+    starts again, e.g. after the job was preempted or killed, the state is
+    loaded and training continues from the batch after the checkpoint: the
+    already-trained batches of the interrupted epoch are read from the data
+    and skipped without an update, so the run ends with the same optimizer
+    steps, random draws and (for data that is the same each epoch) batches
+    as an uninterrupted one.
+
+    The checkpoint records what it belongs to (the model's config and
+    variable shapes, the optimizer's class and config, steps per epoch and
+    epochs); a run that differs is refused with an error naming the
+    difference, and a `checkpoint.json` that is not one this callback wrote
+    is refused before anything is loaded. One run at a time may use
+    `backup_dir`: a lock file (an OS lock, released when the process ends,
+    even by SIGKILL) refuses a second one.
 
     `keras.callbacks.BackupAndRestore` differs: it restarts the interrupted
     epoch from its first batch (extra steps), deletes its backup when `fit`
@@ -33,17 +62,19 @@ class BackupAndResume(keras.callbacks.Callback):
     `FloatingPointError` that names the step, and the last good checkpoint
     is kept (nothing is saved after a non-finite loss).
 
-    Only local (or mounted) paths; one process writes (multi-host JAX runs
-    are not supported).
+    Local or mounted paths. In a multi-process JAX run only process 0
+    writes (the state is replicated); every process reads the checkpoint
+    and resumes at the same step.
 
     Args:
-        backup_dir: directory for the checkpoint; not shared with anything
-            else.
+        backup_dir: directory for the checkpoint. Other files in it are left
+            alone.
         save_freq: int (every this many batches) or `"epoch"`.
         stop_on_nan: bool. Stop on a non-finite loss. Defaults to True.
-        delete_on_finish: bool. Delete the checkpoint when `fit` completes.
-            Defaults to False: running the finished command again then does
-            no more steps (and restores the final weights).
+        delete_on_finish: bool. Delete the checkpoint (only the files this
+            callback wrote) when `fit` completes. Defaults to False: running
+            the finished command again then does no more steps (and restores
+            the final weights).
     """
 
     def __init__(
@@ -74,6 +105,11 @@ class BackupAndResume(keras.callbacks.Callback):
         self._original_train_function = None
         self._last_saved = None
         self._failed = False
+        # A save due at the end of an epoch waits for the next batch: the
+        # epoch change draws from PyTorch's generator (its DataLoader), and
+        # the state saved must be the one the next step starts from.
+        self._save_pending = False
+        self._torch_rng_pending = None  # restored when the first real step starts
         self.resumed_from = None  # metadata of the checkpoint loaded, if any
 
     # --- Checkpoint files -------------------------------------------------
@@ -83,15 +119,49 @@ class BackupAndResume(keras.callbacks.Callback):
         return os.path.join(self.backup_dir, _POINTER)
 
     def read_checkpoint(self):
-        """The metadata of the latest checkpoint in `backup_dir`, or None."""
-        if not os.path.exists(self._pointer_path):
+        """The metadata of the latest checkpoint in `backup_dir`, or None.
+
+        Raises `ValueError` (one line, naming the file and the field) when
+        `checkpoint.json` is not a checkpoint this callback wrote."""
+        path = self._pointer_path
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
             return None
-        with open(self._pointer_path) as f:
-            return json.load(f)
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"Cannot read the checkpoint {path}: {error}") from None
+        try:
+            metadata = json.loads(text)
+        except ValueError as error:
+            raise ValueError(f"The checkpoint {path} is not valid JSON ({error}).") from None
+        _validate(metadata, path)
+        weights = os.path.join(self.backup_dir, metadata["weights"])
+        if not os.path.isfile(weights):
+            raise ValueError(
+                f"The checkpoint {path} names the weights file {metadata['weights']!r}, "
+                "which is missing."
+            )
+        return metadata
+
+    def _is_writer(self):
+        # Only process 0 writes in a multi-process run: the training state
+        # is replicated, and one writer keeps the files consistent.
+        return _process_index() == 0
 
     def _save(self):
         model = self.model  # on JAX this syncs the training state first
         step = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+        self._since_save = 0
+        self._save_pending = False
+        if not self._is_writer():
+            # `save_weights` runs cross-process collectives on multi-process
+            # JAX (Keras creates variables while saving), so every process
+            # calls it; only process 0 keeps the file.
+            with tempfile.TemporaryDirectory() as scratch:
+                model.save_weights(os.path.join(scratch, "discarded.weights.h5"))
+            self._last_saved = {"step": step}
+            return
         os.makedirs(self.backup_dir, exist_ok=True)
         weights = f"step-{step:012d}.weights.h5"
         path = os.path.join(self.backup_dir, weights)
@@ -99,61 +169,114 @@ class BackupAndResume(keras.callbacks.Callback):
         model.save_weights(temporary, overwrite=True)
         os.replace(temporary, path)
         metadata = {
+            "format": _FORMAT,
             "weights": weights,
             "step": step,
             "epoch": self._epoch,
             "batch": self._batches_in_epoch,
             "steps_per_epoch": self.params.get("steps"),
+            "epochs": self.params.get("epochs"),
+            **_run_signature(model),
+            "seed_states": [_state(v) for v in _seed_states(model)],
+            "global_seed_state": _global_seed_state(),
+            "torch_rng_states": _torch_rng_states(),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
-        with open(temporary, "w") as f:
+        with open(temporary, "w", encoding="utf-8") as f:
             json.dump(metadata, f)
         os.replace(temporary, self._pointer_path)
-        for name in os.listdir(self.backup_dir):
-            if name.endswith(".weights.h5") and name != weights:
-                os.remove(os.path.join(self.backup_dir, name))
-        self._since_save = 0
+        for name in os.listdir(self.backup_dir):  # older ones, and orphans of a kill
+            if _WEIGHTS_NAME.match(name) and name != weights:
+                _remove(os.path.join(self.backup_dir, name))
         self._last_saved = metadata
 
     # --- Restore and skip -------------------------------------------------
 
     def on_train_begin(self, logs=None):
         self._reset_run_state()
+        if self._is_writer():
+            _acquire_lock(self.backup_dir)
+        try:
+            self._restore()
+        except BaseException:  # a refused checkpoint does not keep the lock
+            _release_lock(self.backup_dir)
+            raise
+
+    def _restore(self):
         metadata = self.read_checkpoint()
         if metadata is None:
             return
         model = self.model
-        saved_steps = metadata.get("steps_per_epoch")
-        steps = self.params.get("steps")
-        if saved_steps is not None and steps is not None and saved_steps != steps:
-            raise ValueError(
-                f"The checkpoint in {self.backup_dir} was written by a run with "
-                f"{saved_steps} steps per epoch, but this `fit` has {steps}: "
-                "resume with the same command, or use another `backup_dir`. "
-                f"Received: steps_per_epoch={steps}"
-            )
+        self._check_same_run(metadata, model)
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
+        for variable, value in zip(_seed_states(model), metadata["seed_states"]):
+            variable.assign(np.asarray(value, dtype=variable.dtype))
+        if metadata["global_seed_state"] is not None:
+            _set_global_seed_state(metadata["global_seed_state"])
+        self._torch_rng_pending = metadata["torch_rng_states"]
+        self.resumed_from = metadata
+        self._last_saved = metadata
+        epoch, batch = metadata["epoch"], metadata["batch"]
+        if metadata["steps_per_epoch"] is not None and batch >= metadata["steps_per_epoch"]:
+            epoch, batch = epoch + 1, 0
+        _set_initial_epoch(model, epoch)
+        if batch:
+            self._resume_epoch, self._skip_until = epoch, batch
+            self._wrap_train_function(model)
+
+    def _check_same_run(self, metadata, model):
+        """Refuses a checkpoint of another run: with another model or
+        optimizer the restored state would be wrong or fail to load."""
+        where = f"The checkpoint in {self.backup_dir} was written by another run:"
+        advice = "Resume with the same command, or use another `backup_dir`."
+        for key, param, label in (
+            ("steps_per_epoch", "steps", "steps per epoch"), ("epochs", "epochs", "epochs")
+        ):
+            saved, now = metadata[key], self.params.get(param)
+            if saved is not None and now is not None and saved != now:
+                raise ValueError(
+                    f"{where} {saved} {label}, but this `fit` has {now}: {advice} "
+                    f"Received: {key}={now}"
+                )
         if not model.built:
             raise ValueError(
                 "The model must be built before `fit` to restore a checkpoint "
                 f"(call it on a batch first). Received: model {model.name!r} unbuilt"
             )
-        if model.optimizer is not None and not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
-        self.resumed_from = metadata
-        epoch, batch = metadata["epoch"], metadata["batch"]
-        if steps is not None and batch >= steps:
-            epoch, batch = epoch + 1, 0
-        model._initial_epoch = epoch  # as keras.callbacks.BackupAndRestore
-        if batch:
-            self._resume_epoch, self._skip_until = epoch, batch
-            self._wrap_train_function(model)
+        signature = _run_signature(model)
+        difference = _variables_difference(metadata["variables"], signature["variables"])
+        if difference is None and metadata["model_config"] and signature["model_config"]:
+            difference = _first_difference(
+                metadata["model_config"], signature["model_config"], "model config"
+            )
+        if difference is None:
+            difference = _first_difference(
+                metadata["optimizer"], signature["optimizer"], "optimizer"
+            )
+        if difference is None and len(metadata["seed_states"]) != len(_seed_states(model)):
+            difference = (
+                f"random seed generators: {len(metadata['seed_states'])} in the "
+                f"checkpoint, {len(_seed_states(model))} in this model"
+            )
+        if difference is not None:
+            raise ValueError(f"{where} {difference}. {advice}")
 
     def _wrap_train_function(self, model):
         """Makes the first `batch` calls of the resumed epoch consume their
         data without training (the model's train function is restored as
-        soon as they are done)."""
+        soon as they are done). No callback hook can skip a batch, and
+        training the batches again and then reloading would repeat up to
+        `save_freq` steps of compute; this private seam is tested in
+        tests/test_fault_tolerance.py (see docs/training.md)."""
         original = model.train_function
+        if not callable(original):
+            raise RuntimeError(
+                "Keras changed: `model.train_function` is not set when callbacks "
+                "start, so BackupAndResume cannot skip the trained batches. "
+                f"Received: train_function={original!r}"
+            )
         self._original_train_function = original
         backend = keras.backend.backend()
         per_call = getattr(model, "steps_per_execution", 1) or 1
@@ -187,8 +310,14 @@ class BackupAndResume(keras.callbacks.Callback):
         self._batches_in_epoch = 0
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._original_train_function is not None and not self._skipping():
-            self._unwrap()
+        if self._skipping():
+            return
+        self._unwrap()
+        if self._torch_rng_pending is not None:
+            _set_torch_rng_states(self._torch_rng_pending)
+            self._torch_rng_pending = None
+        if self._save_pending:
+            self._save()
 
     def on_train_batch_end(self, batch, logs=None):
         # With steps_per_execution > 1 each call covers several batches.
@@ -202,7 +331,7 @@ class BackupAndResume(keras.callbacks.Callback):
             loss = float(keras.ops.convert_to_numpy(logs["loss"]))
             if not math.isfinite(loss):
                 self._failed = True
-                saved = self._last_saved or self.read_checkpoint()
+                saved = self._last_saved
                 where = (
                     f"the last good checkpoint (step {saved['step']}) is kept in "
                     f"{self.backup_dir}"
@@ -217,25 +346,41 @@ class BackupAndResume(keras.callbacks.Callback):
                 )
         self._since_save += new
         if isinstance(self.save_freq, int) and self._since_save >= self.save_freq:
-            self._save()
+            if done == self.params.get("steps"):
+                self._save_pending = True
+            else:
+                self._save()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.save_freq == "epoch":
-            self._save()
+            self._save_pending = True
 
     def on_train_end(self, logs=None):
         self._unwrap()
-        model = self.model
-        model._initial_epoch = None
-        if self._failed:
+        _set_initial_epoch(self.model, None)
+        if not self._failed:
+            if self.delete_on_finish:
+                self._delete_own_files()
+            elif self._since_save or self._save_pending:
+                self._save()
+        if self._is_writer():
+            _release_lock(self.backup_dir)
+
+    def _delete_own_files(self):
+        """Deletes what this callback wrote, and the directory if that
+        leaves it empty; the user's files (and folders) stay."""
+        if not self._is_writer() or not os.path.isdir(self.backup_dir):
             return
-        if self.delete_on_finish:
-            if os.path.isdir(self.backup_dir):
-                for name in os.listdir(self.backup_dir):
-                    os.remove(os.path.join(self.backup_dir, name))
-                os.rmdir(self.backup_dir)
-        elif self._since_save:
-            self._save()
+        for name in os.listdir(self.backup_dir):
+            own = _WEIGHTS_NAME.match(name[5:] if name.startswith(".tmp-") else name)
+            if own or name in (_POINTER, f".tmp-{_POINTER}"):
+                _remove(os.path.join(self.backup_dir, name))
+        _release_lock(self.backup_dir)
+        _remove(os.path.join(self.backup_dir, _LOCK))
+        try:
+            os.rmdir(self.backup_dir)
+        except OSError:  # not empty: the user's files stay
+            pass
 
     def get_config(self):
         return {
@@ -244,3 +389,242 @@ class BackupAndResume(keras.callbacks.Callback):
             "stop_on_nan": self.stop_on_nan,
             "delete_on_finish": self.delete_on_finish,
         }
+
+
+# --- What the checkpoint records -------------------------------------------
+
+
+def _run_signature(model):
+    """What a checkpoint must match to be restored into `model`."""
+    try:
+        config = _without_names(json.loads(json.dumps(model.get_config(), default=str)))
+    except NotImplementedError:  # a subclassed model without get_config
+        config = None
+    optimizer = model.optimizer
+    return {
+        "variables": [[v.path, list(v.shape), str(v.dtype)] for v in model.weights],
+        "model_config": config,
+        "optimizer": None if optimizer is None else {
+            "class": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
+            "config": _without_names(json.loads(json.dumps(optimizer.get_config(), default=str))),
+        },
+    }
+
+
+def _variables_difference(saved, now):
+    # Shapes and dtypes, in order: what `load_weights` needs (paths may
+    # carry auto-numbered layer names that differ between processes).
+    if len(saved) != len(now):
+        return f"the model has {len(now)} weights, the checkpoint {len(saved)}"
+    for (path, *was), (_, *new) in zip(saved, now):
+        if was != new:
+            return f"weight {path} is {was} in the checkpoint, {new} in this model"
+    return None
+
+
+def _without_names(config):
+    # Auto-generated names ("dense_3", "adam_2") differ between processes
+    # building the same model; they are not part of what must match.
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, list):
+        return [_without_names(v) for v in config]
+    return config
+
+
+def _first_difference(saved, now, where):
+    """The first place where two JSON values differ, as text, or None."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(set(saved) | set(now), key=str):
+            if key not in saved or key not in now:
+                side = "checkpoint" if key in saved else "this run"
+                return f"{where}.{key} is only in {side}"
+            difference = _first_difference(saved[key], now[key], f"{where}.{key}")
+            if difference is not None:
+                return difference
+        return None
+    if isinstance(saved, list) and isinstance(now, list):
+        if len(saved) != len(now):
+            return f"{where} has {len(saved)} entries in the checkpoint, {len(now)} in this run"
+        for i, (a, b) in enumerate(zip(saved, now)):
+            difference = _first_difference(a, b, f"{where}[{i}]")
+            if difference is not None:
+                return difference
+        return None
+    if saved != now:
+        return f"{where} is {saved!r} in the checkpoint, {now!r} in this run"
+    return None
+
+
+def _seed_states(model):
+    """The state variables of the model's `keras.random.SeedGenerator`s
+    (dropout, drop-path), in a fixed order. `save_weights` leaves them out."""
+    return [v for v in model.variables if v.name == _SEED_STATE]
+
+
+def _state(variable):
+    return np.asarray(keras.ops.convert_to_numpy(variable)).astype("int64").tolist()
+
+
+def _global_seed_state():
+    # Keras' global SeedGenerator (unseeded `keras.random` calls) has no
+    # public accessor: private seam, tested in tests/test_fault_tolerance.py.
+    from keras.src.backend.common import global_state
+    from keras.src.random import seed_generator
+
+    generator = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    return None if generator is None else _state(generator.state)
+
+
+def _set_global_seed_state(value):
+    from keras.src.random import seed_generator
+
+    state = seed_generator.global_seed_generator().state
+    state.assign(np.asarray(value, dtype=state.dtype))
+
+
+def _torch_rng_states():
+    """PyTorch's own generators (CPU, then each GPU), or None on other
+    backends: Keras' unseeded `Dropout` draws its mask from them on PyTorch
+    (`torch.nn.functional.dropout`), not from a SeedGenerator."""
+    if keras.backend.backend() != "torch":
+        return None
+    import torch  # only on the PyTorch backend, for its RNG state
+
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available():
+        states += torch.cuda.get_rng_state_all()
+    return [state.tolist() for state in states]
+
+
+def _set_torch_rng_states(states):
+    if keras.backend.backend() != "torch":
+        raise ValueError(
+            "The checkpoint holds PyTorch random state but the backend is "
+            f"{keras.backend.backend()!r}: resume with KERAS_BACKEND=torch."
+        )
+    import torch
+
+    cpu, *gpus = [torch.tensor(state, dtype=torch.uint8) for state in states]
+    torch.set_rng_state(cpu)
+    if gpus:
+        torch.cuda.set_rng_state_all(gpus)
+
+
+def _set_initial_epoch(model, epoch):
+    # `fit` starts at `model._initial_epoch` when set (Keras' own
+    # BackupAndRestore uses it; no public hook moves the epoch counter).
+    if not hasattr(model, "_initial_epoch"):
+        raise RuntimeError(
+            "Keras changed: `Model._initial_epoch` is gone, so BackupAndResume "
+            "cannot start `fit` at the saved epoch. Received: keras "
+            f"{keras.__version__}"
+        )
+    model._initial_epoch = epoch
+
+
+def _process_index():
+    """This process's index in a multi-process run (0 when single)."""
+    if keras.backend.backend() != "jax":
+        return 0
+    # Private seam (no public process index in keras.distribution), tested
+    # in tests/test_fault_tolerance.py.
+    from keras.src.backend.jax import distribution_lib
+
+    return distribution_lib.process_id()
+
+
+# --- Validation of checkpoint.json -------------------------------------------
+
+
+def _validate(metadata, path):
+    def fail(message):
+        raise ValueError(f"The checkpoint {path} is invalid: {message}.")
+
+    if not isinstance(metadata, dict):
+        fail(f"expected a JSON object, got {type(metadata).__name__}")
+    missing = sorted(set(_FIELDS) - set(metadata))
+    extra = sorted(set(metadata) - set(_FIELDS))
+    if missing or extra:
+        fail(f"missing fields {missing}, unknown fields {extra}")
+    for key, types in _FIELDS.items():
+        value = metadata[key]
+        if isinstance(value, bool) or not isinstance(value, types):
+            fail(f"`{key}` has the wrong type. Received: {key}={value!r}")
+    if metadata["format"] != _FORMAT:
+        fail(f"format {metadata['format']} is not {_FORMAT}")
+    if not _WEIGHTS_NAME.match(metadata["weights"]):
+        fail(
+            "`weights` must name a step-N.weights.h5 file inside the directory. "
+            f"Received: weights={metadata['weights']!r}"
+        )
+    for key in ("step", "epoch", "batch"):
+        if metadata[key] < 0:
+            fail(f"`{key}` must be >= 0. Received: {key}={metadata[key]}")
+    for key in ("steps_per_epoch", "epochs"):
+        if metadata[key] is not None and metadata[key] <= 0:
+            fail(f"`{key}` must be positive. Received: {key}={metadata[key]}")
+    steps = metadata["steps_per_epoch"]
+    if steps is not None and metadata["batch"] > steps:
+        fail(f"`batch` must be <= steps_per_epoch={steps}. Received: batch={metadata['batch']}")
+    if metadata["epochs"] is not None and metadata["epoch"] >= metadata["epochs"]:
+        fail(f"`epoch` must be < epochs={metadata['epochs']}. Received: epoch={metadata['epoch']}")
+    for state in metadata["torch_rng_states"] or []:
+        if not isinstance(state, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 256 for x in state
+        ):
+            fail("`torch_rng_states` must be lists of bytes")
+    states = metadata["seed_states"] + [metadata["global_seed_state"] or [0]]
+    for state in states:
+        if not isinstance(state, list) or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in state
+        ):
+            fail(f"a seed state is not a list of uint32. Received: {state!r}")
+
+
+# --- One run per directory ---------------------------------------------------
+
+
+def _acquire_lock(directory):
+    """An exclusive OS lock on `directory`/backup.lock: held while `fit`
+    runs, released by the OS when the process ends (a killed run leaves no
+    stale lock). Where `fcntl` is missing (Windows) there is no lock."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    os.makedirs(directory, exist_ok=True)
+    key = os.path.realpath(directory)
+    held = _HELD_LOCKS.pop(key, None)
+    if held is not None:  # a run of this process that raised: take over
+        held.close()
+    handle = open(os.path.join(directory, _LOCK), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RuntimeError(
+            f"Another run is using the backup directory {directory} ({holder}); "
+            "two runs cannot share one. Wait for it to end or use another "
+            f"`backup_dir`. Received: backup_dir={directory!r}"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    _HELD_LOCKS[key] = handle
+
+
+def _release_lock(directory):
+    handle = _HELD_LOCKS.pop(os.path.realpath(directory), None)
+    if handle is not None:
+        handle.close()
+
+
+def _remove(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
