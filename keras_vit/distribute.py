@@ -471,3 +471,47 @@ def _jax_setup(mode, devices, model_parallel_size, multi_host):
         num_replicas=count // model_parallel_size,
         model_parallel_size=model_parallel_size,
     )
+
+
+# --------------------------------------------------------------------------
+# Process and random state, for resumable runs (training.BackupAndResume).
+# The backend modules are imported here, lazily, as for the strategies.
+# --------------------------------------------------------------------------
+
+
+def process_index():
+    """This process's index in a multi-process JAX run (0 otherwise)."""
+    if keras.backend.backend() != "jax":
+        return 0
+    import jax
+
+    return jax.process_index()
+
+
+def backend_rng_state():
+    """PyTorch's own generators (CPU, then each GPU) as lists, or None on
+    other backends: Keras' unseeded `Dropout` draws its mask from them on
+    PyTorch (`torch.nn.functional.dropout`), not from a SeedGenerator."""
+    if keras.backend.backend() != "torch":
+        return None
+    import torch
+
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available():
+        states += torch.cuda.get_rng_state_all()
+    return [state.tolist() for state in states]
+
+
+def set_backend_rng_state(states):
+    """Restores what `backend_rng_state` returned."""
+    if keras.backend.backend() != "torch":
+        raise ValueError(
+            "The checkpoint holds PyTorch random state but the backend is "
+            f"{keras.backend.backend()!r}: resume with KERAS_BACKEND=torch."
+        )
+    import torch
+
+    cpu, *gpus = [torch.tensor(state, dtype=torch.uint8) for state in states]
+    torch.set_rng_state(cpu)
+    if gpus:
+        torch.cuda.set_rng_state_all(gpus)

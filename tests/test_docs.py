@@ -89,3 +89,35 @@ def test_old_keras_is_refused_at_import_with_the_version(monkeypatch):
             importlib.import_module("keras_vit")
     finally:
         sys.modules.update(saved)
+
+
+def test_backends_are_imported_only_where_the_rules_allow():
+    """One codebase, three backends: outside `keras_vit/data` (tf.data
+    pipelines) and `keras_vit/distribute.py` (strategies and random state,
+    imported lazily inside functions) nothing under keras_vit/ imports
+    tensorflow, jax or torch; everything else goes through keras.ops."""
+    import ast
+
+    package = ROOT / "keras_vit"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        tree = ast.parse(path.read_text())
+        top_level = set(map(id, tree.body))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                root = name.split(".")[0]
+                if root not in ("tensorflow", "jax", "torch", "tensorflow_datasets"):
+                    continue
+                if relative.startswith("data/") and root in ("tensorflow", "tensorflow_datasets"):
+                    continue
+                if relative == "distribute.py" and id(node) not in top_level:
+                    continue
+                found.append(f"{relative}:{node.lineno} imports {name}")
+    assert not found, found

@@ -10,6 +10,8 @@ import tempfile
 import keras
 import numpy as np
 
+from keras_vit import distribute
+
 _POINTER = "checkpoint.json"
 _LOCK = "backup.lock"
 _FORMAT = 2
@@ -147,7 +149,7 @@ class BackupAndResume(keras.callbacks.Callback):
     def _is_writer(self):
         # Only process 0 writes in a multi-process run: the training state
         # is replicated, and one writer keeps the files consistent.
-        return _process_index() == 0
+        return distribute.process_index() == 0
 
     def _save(self):
         model = self.model  # on JAX this syncs the training state first
@@ -179,7 +181,7 @@ class BackupAndResume(keras.callbacks.Callback):
             **_run_signature(model),
             "seed_states": [_state(v) for v in _seed_states(model)],
             "global_seed_state": _global_seed_state(),
-            "torch_rng_states": _torch_rng_states(),
+            "torch_rng_states": distribute.backend_rng_state(),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
         with open(temporary, "w", encoding="utf-8") as f:
@@ -314,7 +316,7 @@ class BackupAndResume(keras.callbacks.Callback):
             return
         self._unwrap()
         if self._torch_rng_pending is not None:
-            _set_torch_rng_states(self._torch_rng_pending)
+            distribute.set_backend_rng_state(self._torch_rng_pending)
             self._torch_rng_pending = None
         if self._save_pending:
             self._save()
@@ -483,34 +485,6 @@ def _set_global_seed_state(value):
     state.assign(np.asarray(value, dtype=state.dtype))
 
 
-def _torch_rng_states():
-    """PyTorch's own generators (CPU, then each GPU), or None on other
-    backends: Keras' unseeded `Dropout` draws its mask from them on PyTorch
-    (`torch.nn.functional.dropout`), not from a SeedGenerator."""
-    if keras.backend.backend() != "torch":
-        return None
-    import torch  # only on the PyTorch backend, for its RNG state
-
-    states = [torch.get_rng_state()]
-    if torch.cuda.is_available():
-        states += torch.cuda.get_rng_state_all()
-    return [state.tolist() for state in states]
-
-
-def _set_torch_rng_states(states):
-    if keras.backend.backend() != "torch":
-        raise ValueError(
-            "The checkpoint holds PyTorch random state but the backend is "
-            f"{keras.backend.backend()!r}: resume with KERAS_BACKEND=torch."
-        )
-    import torch
-
-    cpu, *gpus = [torch.tensor(state, dtype=torch.uint8) for state in states]
-    torch.set_rng_state(cpu)
-    if gpus:
-        torch.cuda.set_rng_state_all(gpus)
-
-
 def _set_initial_epoch(model, epoch):
     # `fit` starts at `model._initial_epoch` when set (Keras' own
     # BackupAndRestore uses it; no public hook moves the epoch counter).
@@ -521,17 +495,6 @@ def _set_initial_epoch(model, epoch):
             f"{keras.__version__}"
         )
     model._initial_epoch = epoch
-
-
-def _process_index():
-    """This process's index in a multi-process run (0 when single)."""
-    if keras.backend.backend() != "jax":
-        return 0
-    # Private seam (no public process index in keras.distribution), tested
-    # in tests/test_fault_tolerance.py.
-    from keras.src.backend.jax import distribution_lib
-
-    return distribution_lib.process_id()
 
 
 # --- Validation of checkpoint.json -------------------------------------------
