@@ -119,7 +119,9 @@ def augmentation_layers(text):
             build = lambda spec=spec: keras.saving.deserialize_keras_object(spec)  # noqa: E731
         else:
             cls = _layer_class(spec["class_name"], flag)
-            build = lambda cls=cls, spec=spec: cls.from_config(spec.get("config") or {})  # noqa: E731
+            # float32 pixels whatever --dtype_policy says (the pipeline requires it).
+            config = {"dtype": "float32", **(spec.get("config") or {})}
+            build = lambda cls=cls, config=config: cls.from_config(config)  # noqa: E731
         try:
             layers.append(build())
         except (TypeError, ValueError) as error:

@@ -433,6 +433,8 @@ def test_batch_augmentation_errors_name_the_layer(folder):
 
     with pytest.raises(ValueError, match=r"layer 'shrink' \(Shrink\) changed the batch shapes"):
         _augmented(source, Shrink())
+    with pytest.raises(ValueError, match=r"layer 'mix_up' computes in bfloat16.*dtype='float32'"):
+        _augmented(source, keras.layers.MixUp(dtype="mixed_bfloat16"))
 
 
 def test_pipeline_argument_errors(folder):

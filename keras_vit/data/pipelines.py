@@ -696,7 +696,9 @@ def finetune_pipeline(
             labels (Keras' `transform_labels`, keras-cv's
             `augment_labels`) get and return `{"images", "labels"}` with
             the one-hot labels, so MixUp and CutMix mix them; others get
-            the images. Not part of the paper's set-up; None (the default)
+            the images. Layers must compute in float32 (pass
+            `dtype="float32"` under a mixed dtype policy). Not part of the
+            paper's set-up; None (the default)
             leaves the pipeline as it is. Ignored at evaluation.
 
     Returns:
@@ -772,6 +774,14 @@ def _augmentation_layers(batch_augmentation):
             raise ValueError(
                 "`batch_augmentation` must be None, a Keras preprocessing layer or a list of them. "
                 f"Received: batch_augmentation={batch_augmentation!r}"
+            )
+        # A layer built under a mixed dtype policy would round the [0, 255]
+        # pixels to bfloat16/float16 (MixUp fails outright).
+        compute_dtype = getattr(layer, "compute_dtype", "float32")
+        if compute_dtype != "float32":
+            raise ValueError(
+                f"`batch_augmentation` layer {getattr(layer, 'name', type(layer).__name__)!r} computes in "
+                f"{compute_dtype} (a mixed dtype policy); build it with dtype='float32'."
             )
     return layers
 
