@@ -403,12 +403,13 @@ def test_batch_augmentation_keras_layers(folder):
     _check_train_batches(images, labels)
     assert np.abs(images - plain).max() > 0.1  # The pixels changed ...
     np.testing.assert_array_equal(labels, plain_labels)  # ... the labels did not.
-    keras.utils.set_random_seed(0)
-    images, labels = _augmented(source, [keras.layers.RandAugment(), keras.layers.MixUp(alpha=1.0)], n=5)
+    # (RandAugment, traced, costs seconds under JAX: MixUp alone here; the
+    # recipe test runs both.)
+    images, labels = _augmented(source, [_Identity(), keras.layers.MixUp(alpha=1.0)], n=5)
     _check_train_batches(images, labels)  # Rows of the mixed labels still sum to 1.
     assert labels.min() >= 0.0 and (labels.max(-1) < 0.99).any()  # No longer one-hot.
-    mixed = (labels > 1e-6).sum(-1) == 2
-    assert mixed.any() and not np.allclose(images, plain)
+    mixed = labels.max(-1) < 0.99
+    assert np.abs(images[mixed] - plain[mixed]).max() > 0.1  # The images of mixed rows too.
 
 
 def test_batch_augmentation_errors_name_the_layer(folder):
