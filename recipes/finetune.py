@@ -24,6 +24,7 @@ interrupted run), `logs/` (TensorBoard), `history.csv`, `model.keras`,
 `model.npz` (original format) and `summary.json`. See docs/recipes.md.
 """
 
+import json
 import os
 
 from recipes import cli
@@ -74,6 +75,58 @@ def build_model(config, num_classes):
         keras_vit.freeze_backbone(model)
         notes.append("backbone frozen: only the head trains (linear probe).")
     return model, notes
+
+
+def _layer_class(name, flag):
+    import keras
+
+    cls = getattr(keras.layers, name, None) if isinstance(name, str) else None
+    if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
+        raise cli.RecipeError(
+            f"{flag}: unknown Keras layer {name!r} (a class of keras.layers, e.g. RandAugment, MixUp, CutMix)"
+        )
+    return cls
+
+
+def augmentation_layers(text):
+    """`--batch_augmentation` as a list of Keras layers, or None (off).
+
+    `text`: comma-separated names of `keras.layers` classes, built with their
+    default arguments (`RandAugment,MixUp`), or a JSON list of serialized
+    layers: `{"class_name": ..., "config": {...}}` names a `keras.layers`
+    class; an entry with a `"module"` (`keras.saving.serialize_keras_object`'s
+    output, e.g. a registered custom layer) is deserialized as Keras does.
+    """
+    if text is None:
+        return None
+    import keras
+
+    flag = f"--batch_augmentation={text}"
+    if text.lstrip().startswith("["):
+        try:
+            specs = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise cli.RecipeError(f"{flag}: not a JSON list ({error})") from None
+    else:
+        specs = [{"class_name": name.strip()} for name in text.split(",") if name.strip()]
+    layers = []
+    for spec in specs:
+        if not (isinstance(spec, dict) and "class_name" in spec):
+            raise cli.RecipeError(
+                f'{flag}: each entry must be {{"class_name": ..., "config": {{...}}}}. Received: {json.dumps(spec)}'
+            )
+        if "module" in spec:
+            build = lambda spec=spec: keras.saving.deserialize_keras_object(spec)  # noqa: E731
+        else:
+            cls = _layer_class(spec["class_name"], flag)
+            # float32 pixels whatever --dtype_policy says (the pipeline requires it).
+            config = {"dtype": "float32", **(spec.get("config") or {})}
+            build = lambda cls=cls, config=config: cls.from_config(config)  # noqa: E731
+        try:
+            layers.append(build())
+        except (TypeError, ValueError) as error:
+            raise cli.RecipeError(f"{flag}: {error}") from None
+    return layers or None
 
 
 def make_optimizer(config):
@@ -140,6 +193,7 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, header=()
             train_source, training=True, batch_size=batch_size, image_size=config.image_size,
             augmentation=config.augmentation, flip=config.flip,
             shuffle_buffer=config.shuffle_buffer, cache=cache, seed=config.seed,
+            batch_augmentation=augmentation_layers(config.batch_augmentation),
         )
 
     def eval_data(batch_size):
@@ -163,6 +217,7 @@ def check(config):
             f"--sweep_train_split={config.sweep_train_split}, --sweep_val_split={config.sweep_val_split}"
         )
     skeleton.check_schedule(config)
+    augmentation_layers(config.batch_augmentation)  # A bad name fails before any data is read.
 
 
 def run(config, config_name=None, smoke=False, callbacks=()):

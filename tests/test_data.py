@@ -345,6 +345,84 @@ def test_pretrain_train_with_randaugment_and_mixup(folder):
     assert set(plain_labels.max(-1)) == {1.0}
 
 
+def _augmented(source, batch_augmentation, training=True, n=3, **kwargs):
+    # Deterministic crop (a resize, no flip) and seeded order: only the hook varies.
+    kwargs = dict(training=training, batch_size=4, image_size=16, augmentation="resize", flip=False, seed=0) | kwargs
+    ds = keras_vit.data.finetune_pipeline(source, batch_augmentation=batch_augmentation, **kwargs)
+    return _batches(ds, n)
+
+
+class _Identity:
+    name = "identity"
+
+    def __call__(self, images):
+        return images
+
+
+def test_batch_augmentation_off_is_unchanged_and_runs_before_normalisation(folder):
+    source = keras_vit.data.from_directory(folder[0])
+    plain = _batches(keras_vit.data.finetune_pipeline(
+        source, training=True, batch_size=4, image_size=16, augmentation="resize", flip=False, seed=0), 3)
+    for got in (_augmented(source, None), _augmented(source, [_Identity()])):
+        np.testing.assert_array_equal(got[0], plain[0])
+        np.testing.assert_array_equal(got[1], plain[1])
+    seen = []
+
+    class Spy(_Identity):
+        def __call__(self, images):
+            seen.append(images)
+            return images * 0.0  # All black: -1 after the normalisation.
+
+    images, _ = _augmented(source, Spy(), n=1)
+    assert seen and seen[0].dtype == tf.float32
+    np.testing.assert_array_equal(images, -1.0)
+    # Evaluation is never augmented.
+    evaluated = _augmented(source, keras.layers.RandAugment(), training=False)
+    np.testing.assert_array_equal(evaluated[0], _augmented(source, None, training=False)[0])
+
+
+def test_batch_augmentation_keras_layers(folder):
+    source = keras_vit.data.from_directory(folder[0])
+    plain, plain_labels = _augmented(source, None, n=5)
+    images, labels = _augmented(source, keras.layers.RandAugment(), n=5)
+    _check_train_batches(images, labels)
+    assert np.abs(images - plain).max() > 0.1  # The pixels changed ...
+    np.testing.assert_array_equal(labels, plain_labels)  # ... the labels did not.
+    # (RandAugment, traced, costs seconds under JAX: MixUp alone here; the
+    # recipe test runs both.)
+    images, labels = _augmented(source, [_Identity(), keras.layers.MixUp(alpha=1.0)], n=5)
+    _check_train_batches(images, labels)  # Rows of the mixed labels still sum to 1.
+    assert labels.min() >= 0.0 and (labels.max(-1) < 0.99).any()  # No longer one-hot.
+    mixed = labels.max(-1) < 0.99
+    assert np.abs(images[mixed] - plain[mixed]).max() > 0.1  # The images of mixed rows too.
+
+
+def test_batch_augmentation_errors_name_the_layer(folder):
+    source = keras_vit.data.from_directory(folder[0])
+    with pytest.raises(ValueError, match=r"Received: batch_augmentation=\['RandAugment'\]"):
+        _augmented(source, ["RandAugment"])
+
+    class Pair(_Identity):
+        name = "pair"
+
+        def __call__(self, images):
+            return images, images
+
+    with pytest.raises(ValueError, match=r"layer 'pair' \(Pair\) must return images or a dict.*Received: tuple"):
+        _augmented(source, [Pair()])
+
+    class Shrink(_Identity):
+        name = "shrink"
+
+        def __call__(self, images):
+            return images[:, :8]
+
+    with pytest.raises(ValueError, match=r"layer 'shrink' \(Shrink\) changed the batch shapes"):
+        _augmented(source, Shrink())
+    with pytest.raises(ValueError, match=r"layer 'mix_up(_\d+)?' computes in bfloat16.*dtype='float32'"):
+        _augmented(source, keras.layers.MixUp(dtype="mixed_bfloat16"))
+
+
 def test_pipeline_argument_errors(folder):
     source = keras_vit.data.from_directory(folder[0])
     with pytest.raises(ValueError, match=r"Received: augmentation='bit'"):

@@ -331,6 +331,41 @@ def test_finetune_linear_probe_trains_the_head_only(tmp_path):
     assert np.abs(end["head/kernel"]).max() > 0  # the head trained (from zero)
 
 
+def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
+    """--batch_augmentation: Keras layers on the training batches (MixUp
+    mixes the labels), the smoke run trains; off by default; an unknown
+    layer is one error line."""
+    assert finetune_configs.get_config("cifar10").batch_augmentation is None
+    summary = finetune.main(["--smoke", f"--run_dir={tmp_path / 'run'}", "--verbose=0",
+                             "--batch_augmentation=RandAugment,MixUp"])
+    assert np.isfinite(summary["final_loss"]) and summary["steps"] == 4
+    assert summary["config"]["batch_augmentation"] == "RandAugment,MixUp"
+    layers = finetune.augmentation_layers('[{"class_name": "RandAugment", "config": {"num_ops": 3}}, '
+                                          '{"class_name": "MixUp", "config": {"alpha": 0.5}}]')
+    assert [type(layer).__name__ for layer in layers] == ["RandAugment", "MixUp"]
+    assert layers[0].num_ops == 3 and layers[1].alpha == 0.5
+    labels = []
+
+    def fake_fit(config, *, train_data, num_classes, **kwargs):
+        labels.append(next(iter(train_data(16)))[1].numpy())
+        return {"accuracy": 0.0, "eval_examples": 0, "steps": 0}
+
+    monkeypatch.setattr(finetune, "fit_one", fake_fit)
+    finetune.main(["--smoke", f"--run_dir={tmp_path / 'fake'}", '--batch_augmentation=[{"class_name": "MixUp", '
+                   '"config": {"alpha": 1.0}}]'])
+    np.testing.assert_allclose(labels[0].sum(-1), 1.0, atol=1e-6)
+    assert (labels[0].max(-1) < 0.99).any()  # mixed, no longer one-hot
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run_command(lambda: finetune.main(["--smoke", f"--run_dir={tmp_path / 'bad'}",
+                                               "--batch_augmentation=RandAugment,Mixup"]))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == ("error: --batch_augmentation=RandAugment,Mixup: unknown Keras layer 'Mixup' "
+                   "(a class of keras.layers, e.g. RandAugment, MixUp, CutMix)\n")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):
     """The paper's protocol: every lr on sweep_train -> sweep_val, then the
     best on train_split, reported on test_split (training stubbed)."""

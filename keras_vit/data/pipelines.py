@@ -643,6 +643,7 @@ def finetune_pipeline(
     repeat=None,
     cache="auto",
     seed=None,
+    batch_augmentation=None,
 ):
     """Fine-tuning batches at the target resolution.
 
@@ -674,11 +675,23 @@ def finetune_pipeline(
         cache: `"auto"`, True or False. Defaults to `"auto"` (as
             `pretrain_pipeline`).
         seed: optional int for the shuffle order (files and examples).
+        batch_augmentation: optional Keras preprocessing layer or list of
+            them (`keras.layers.RandAugment`, `MixUp`, `CutMix`, ...),
+            applied in order to the training batches after the crop/flip
+            and before the normalisation: they see float32 pixels in
+            [0, 255], Keras' default `value_range`. Layers that transform
+            labels (Keras' `transform_labels`, keras-cv's
+            `augment_labels`) get and return `{"images", "labels"}` with
+            the one-hot labels, so MixUp and CutMix mix them; others get
+            the images. Layers must compute in float32 (pass
+            `dtype="float32"` under a mixed dtype policy). Not part of the
+            paper's set-up; None (the default)
+            leaves the pipeline as it is. Ignored at evaluation.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32
         `(B, image_size, image_size, 3)` in [-1, 1] and float32 one-hot
-        `(B, num_classes)`.
+        `(B, num_classes)` (mixed by a label-mixing `batch_augmentation`).
     """
     _check_common(source, training, batch_size, image_size, cache)
     if augmentation not in FINETUNE_AUGMENTATIONS:
@@ -694,6 +707,8 @@ def finetune_pipeline(
         raise ValueError(
             f"`resize_size` must be at least image_size={image_size}. Received: resize_size={resize_size!r}"
         )
+    layers = _augmentation_layers(batch_augmentation)
+    batch_fn = None
 
     if training:
 
@@ -706,7 +721,15 @@ def finetune_pipeline(
                 image = ops.resize(image, image_size)
             if flip:
                 image = ops.random_flip(image)
-            return ops.normalize(image)
+            # With batch augmentation the pixels stay in [0, 255] until the
+            # layers have run on the batch.
+            return image if layers else ops.normalize(image)
+
+        if layers:
+
+            def batch_fn(images, labels):
+                images, labels = _augment_batch(layers, images, labels)
+                return ops.normalize(images), labels
 
     else:
 
@@ -722,4 +745,56 @@ def finetune_pipeline(
         repeat=repeat,
         cache=cache,
         seed=seed,
+        batch_fn=batch_fn,
     )
+
+
+def _augmentation_layers(batch_augmentation):
+    """`batch_augmentation` as a tuple of callables (empty for None)."""
+    if batch_augmentation is None:
+        return ()
+    layers = (
+        tuple(batch_augmentation) if isinstance(batch_augmentation, (list, tuple)) else (batch_augmentation,)
+    )
+    for layer in layers:
+        if not callable(layer):
+            raise ValueError(
+                "`batch_augmentation` must be None, a Keras preprocessing layer or a list of them. "
+                f"Received: batch_augmentation={batch_augmentation!r}"
+            )
+        # A layer built under a mixed dtype policy would round the [0, 255]
+        # pixels to bfloat16/float16 (MixUp fails outright).
+        compute_dtype = getattr(layer, "compute_dtype", "float32")
+        if compute_dtype != "float32":
+            raise ValueError(
+                f"`batch_augmentation` layer {getattr(layer, 'name', type(layer).__name__)!r} computes in "
+                f"{compute_dtype} (a mixed dtype policy); build it with dtype='float32'."
+            )
+    return layers
+
+
+def _augment_batch(layers, images, labels):
+    """Runs `layers` on a batch; Keras layers use TensorFlow ops in tf.data."""
+    for layer in layers:
+        # Keras 3 preprocessing layers (and keras-cv's) take a dict and
+        # transform the labels along with the images (MixUp, CutMix).
+        with_labels = hasattr(layer, "transform_labels") or hasattr(layer, "augment_labels")
+        output = layer({"images": images, "labels": labels} if with_labels else images)
+        if isinstance(output, dict) and "images" in output:
+            new_images, new_labels = output["images"], output.get("labels", labels)
+        else:
+            new_images, new_labels = output, labels
+        name = getattr(layer, "name", type(layer).__name__)
+        if not (tf.is_tensor(new_images) and tf.is_tensor(new_labels)):
+            raise ValueError(
+                f"`batch_augmentation` layer {name!r} ({type(layer).__name__}) must return images or a dict "
+                f"with 'images' (and 'labels'). Received: {type(output).__name__}"
+            )
+        if not (new_images.shape.is_compatible_with(images.shape)
+                and new_labels.shape.is_compatible_with(labels.shape)):
+            raise ValueError(
+                f"`batch_augmentation` layer {name!r} ({type(layer).__name__}) changed the batch shapes: "
+                f"images {images.shape} -> {new_images.shape}, labels {labels.shape} -> {new_labels.shape}"
+            )
+        images, labels = tf.cast(new_images, tf.float32), tf.cast(new_labels, tf.float32)
+    return images, labels

@@ -63,6 +63,10 @@ class FinetuneConfig(ModelFields, DataFields, ScheduleFields, RunFields):
         "inception_crop", "training crop: inception_crop (vit_jax), resize_crop (paper/BiT: 448 -> "
         "384) or resize")
     flip: bool = arg(True, "random horizontal flips at training")
+    batch_augmentation: Optional[str] = arg(
+        None, "Keras preprocessing layers on the training batches after the crop/flip (not in the "
+        "paper): keras.layers class names with default arguments, e.g. RandAugment,MixUp, or a JSON "
+        'list of serialized layers, e.g. [{"class_name": "RandAugment", "config": {"num_ops": 3}}]')
 
 
 # The model is ViT-B/16 pre-trained on ImageNet-21k unless stated.
