@@ -161,11 +161,13 @@ def original_init(model):
         torch.nn.init.zeros_(model.head.bias)
 
 
-def timm_loop(args, seed, x_train, y_train, classes):
+def timm_loop(args, seed, x_train, y_train, classes, gelu="erf"):
     """timm's ViT, its AdamW and the schedule; returns `(model, steps)`:
     `steps(n)` runs n updates of the plain PyTorch loop (sample a batch of
     the in-memory images, flip, normalise, forward, backward, clip, update)
     and returns `(last loss, correct, seen)`."""
+    import functools
+
     import torch
     from timm.models.vision_transformer import VisionTransformer
 
@@ -175,6 +177,8 @@ def timm_loop(args, seed, x_train, y_train, classes):
         img_size=args.image_size, patch_size=m["patch_size"], embed_dim=m["hidden_size"],
         depth=m["num_layers"], num_heads=m["num_heads"], mlp_ratio=m["mlp_dim"] / m["hidden_size"],
         num_classes=classes, class_token=True, global_pool="token",
+        # timm's exact GELU, or keras_vit's (the original's) tanh approximation.
+        act_layer=functools.partial(torch.nn.GELU, approximate="none" if gelu == "erf" else "tanh"),
     )
     if args.timm_init == "original":
         original_init(model)
@@ -286,7 +290,9 @@ def throughput_worker(args):
     - `fit, image folder`: `fit` on `keras_vit.data.finetune_pipeline` over
       the folder's JPEG files (the recipe's input: read, decode, flip);
     - the last two again with `steps_per_execution=--spe`;
-    - `timm loop`: the PyTorch loop of the accuracy runs, in memory.
+    - `timm loop`: the PyTorch loop of the accuracy runs, in memory, with
+      timm's exact GELU and with keras_vit's tanh approximation (the same
+      function as keras_vit computes).
 
     The shuffle buffer is 2,000 here (`fit` restarts the pipeline every
     sample; the buffer size does not change the per-image work).
@@ -351,16 +357,20 @@ def throughput_worker(args):
             model.train_on_batch(x, y)
         return (steps - SKIP) * args.batch_size / (time.perf_counter() - start)
 
-    _, timm_steps = timm_loop(args, 0, x_train, y_train, classes)
+    def timm(gelu):
+        _, timm_steps = timm_loop(args, 0, x_train, y_train, classes, gelu)
 
-    def timm():
-        timm_steps(SKIP)
-        start = time.perf_counter()
-        timm_steps(steps - SKIP)
-        return (steps - SKIP) * args.batch_size / (time.perf_counter() - start)
+        def run():
+            timm_steps(SKIP)
+            start = time.perf_counter()
+            timm_steps(steps - SKIP)
+            return (steps - SKIP) * args.batch_size / (time.perf_counter() - start)
+
+        return run
 
     variants = {
-        "timm loop, in memory": timm,
+        "timm loop, in memory": timm("erf"),
+        "timm loop, in memory, tanh GELU": timm("tanh"),
         "train_on_batch, in memory": on_batch,
         "fit, in memory": lambda: fit(models[1], in_memory, 1),
         "fit, image folder": lambda: fit(models[1], folder, 1),
