@@ -315,19 +315,25 @@ def throughput_worker(args):
     x = (x_train[pick].permute(0, 2, 3, 1).numpy().astype("float32") - 127.5) / 127.5
     y = np.eye(classes, dtype="float32")[y_train[pick].numpy()]
 
-    def compiled(spe):
+    def compiled(spe, jit_compile="auto"):
         model = keras_vit.ViT(None, num_classes=classes, representation_size=None,
                               input_shape=(args.image_size, args.image_size, 3), **args.model)
         model.compile(
             optimizer=training.pretraining_optimizer(
                 model, args.lr, args.steps, warmup_steps=args.warmup, decay_type="cosine",
                 weight_decay=args.weight_decay, global_clipnorm=1.0),
-            loss=training.SoftmaxCrossEntropy(), steps_per_execution=spe,
+            loss=training.SoftmaxCrossEntropy(), steps_per_execution=spe, jit_compile=jit_compile,
             weighted_metrics=[keras.metrics.CategoricalAccuracy(name="accuracy")],
         )
         return model
 
-    models = {1: compiled(1), args.spe: compiled(args.spe)}
+    # PyTorch: Keras allows no steps_per_execution > 1; its compiled mode is
+    # torch.compile (`jit_compile=True`) instead.
+    torch_backend = backend == "torch"
+    models = {1: compiled(1)}
+    models["more"] = compiled(1, jit_compile=True) if torch_backend else compiled(args.spe)
+    more_spe = 1 if torch_backend else args.spe
+    more = "jit_compile=True (torch.compile)" if torch_backend else f"steps_per_execution={args.spe}"
     in_memory = tf.data.Dataset.from_tensors((x, y)).repeat()
     folder = data.finetune_pipeline(
         source, training=True, batch_size=args.batch_size, image_size=args.image_size,
@@ -374,11 +380,15 @@ def throughput_worker(args):
         "train_on_batch, in memory": on_batch,
         "fit, in memory": lambda: fit(models[1], in_memory, 1),
         "fit, image folder": lambda: fit(models[1], folder, 1),
-        f"fit, in memory, steps_per_execution={args.spe}": lambda: fit(models[args.spe], in_memory, args.spe),
-        f"fit, image folder, steps_per_execution={args.spe}": lambda: fit(models[args.spe], folder, args.spe),
+        f"fit, in memory, {more}": lambda: fit(models["more"], in_memory, more_spe),
+        f"fit, image folder, {more}": lambda: fit(models["more"], folder, more_spe),
     }
-    for run in variants.values():  # Compilation, first calls.
-        run()
+    for name, run in list(variants.items()):  # Compilation, first calls.
+        try:
+            run()
+        except Exception as error:  # E.g. torch.compile without a C++ compiler.
+            print(f"skipped {name}: {type(error).__name__}: {error}", file=sys.stderr)
+            del variants[name]
     rates = {name: [] for name in variants}
     loads = []
     for _ in range(args.rounds):
@@ -422,7 +432,10 @@ def run_throughput(args):
         if result.returncode:
             sys.stderr.write(result.stderr[-4000:])
             raise SystemExit(f"the {backend} throughput worker failed")
-        rows += [json.loads(l[4:]) for l in result.stdout.splitlines() if l.startswith("ROW ")]
+        for line in result.stdout.splitlines():
+            if line.startswith("ROW "):
+                rows.append(json.loads(line[4:]))
+                print(line[4:], flush=True)
     return rows
 
 
