@@ -88,6 +88,8 @@ def run_recipe(args, backend, seed, scratch):
     run_dir = os.path.join(scratch, f"{backend}_{seed}")
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    if args.torch_threads and backend == "torch":
+        env["OMP_NUM_THREADS"] = str(args.torch_threads)
     result = subprocess.run(
         recipe_command(args, seed, run_dir), cwd=REPO, env=env, capture_output=True, text=True
     )
@@ -258,6 +260,10 @@ def run_timm(args, seed):
 
 
 def worker_timm(args):
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     print("ROW " + json.dumps(run_timm(args, args.seeds[0])), flush=True)
 
 
@@ -268,7 +274,7 @@ def run_timm_process(args, seed):
         f"--batch-size={args.batch_size}", f"--eval-batch-size={args.eval_batch_size}",
         f"--image-size={args.image_size}", f"--log-every={args.log_every}", f"--lr={args.lr}",
         f"--weight-decay={args.weight_decay}", f"--timm-init={args.timm_init}",
-        f"--model-json={json.dumps(args.model)}",
+        f"--model-json={json.dumps(args.model)}", f"--torch-threads={args.torch_threads}",
     ]
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode:
@@ -374,15 +380,17 @@ def throughput_worker(args):
 
         return run
 
-    variants = {
+    variants = {} if not args.timm else {
         "timm loop, in memory": timm("erf"),
         "timm loop, in memory, tanh GELU": timm("tanh"),
+    }
+    variants.update({
         "train_on_batch, in memory": on_batch,
         "fit, in memory": lambda: fit(models[1], in_memory, 1),
         "fit, image folder": lambda: fit(models[1], folder, 1),
         f"fit, in memory, {more}": lambda: fit(models["more"], in_memory, more_spe),
         f"fit, image folder, {more}": lambda: fit(models["more"], folder, more_spe),
-    }
+    })
     for name, run in list(variants.items()):  # Compilation, first calls.
         try:
             run()
@@ -397,11 +405,12 @@ def throughput_worker(args):
             rates[name].append(run())
     rows = []
     for name, samples in rates.items():
-        ratios = [r / t for r, t in zip(samples, rates["timm loop, in memory"])]
+        timm_rates = rates.get("timm loop, in memory")
         rows.append(dict(
             backend=backend, variant=name, img_s=round(statistics.median(samples), 1),
             samples=[round(r, 1) for r in samples],
-            vs_timm=round(statistics.median(ratios), 3),
+            vs_timm=round(statistics.median(r / t for r, t in zip(samples, timm_rates)), 3)
+            if timm_rates else None,
             vs_fit_in_memory=round(statistics.median(
                 r / f for r, f in zip(samples, rates["fit, in memory"])), 3),
             load=round(statistics.mean(loads), 2), steps=steps, batch=args.batch_size,
@@ -414,7 +423,8 @@ def throughput_markdown(rows):
     out = ["| backend | variant | img/s (median) | x timm loop | x fit in memory | load |",
            "|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['backend']} | {r['variant']} | {r['img_s']} | {r['vs_timm']:.2f}x "
+        vs_timm = f"{r['vs_timm']:.2f}x" if r["vs_timm"] is not None else "–"
+        out.append(f"| {r['backend']} | {r['variant']} | {r['img_s']} | {vs_timm} "
                    f"| {r['vs_fit_in_memory']:.2f}x | {r['load']:.2f} |")
     return "\n".join(out)
 
@@ -526,6 +536,10 @@ def parse_args(argv=None):
                         help="updates per training-accuracy window (and recipe log line)")
     parser.add_argument("--recipe-flags", default="",
                         help="extra recipe flags, e.g. '--steps_per_execution=10'")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="PyTorch threads of timm and the keras_vit PyTorch runs (0: PyTorch's "
+                             "default, one per core); 1 on a heavily shared machine, where two "
+                             "OpenMP threads wait on each other")
     parser.add_argument("--model-json", help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the rows and the summary to this JSON file")
     parser.add_argument("--smoke", action="store_true",

@@ -14,6 +14,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchma
 import bench  # noqa: E402
 import input_pipeline  # noqa: E402
 import real_images  # noqa: E402
+import step_costs  # noqa: E402
 
 sys.path.pop(0)
 
@@ -67,7 +68,7 @@ def test_real_images_schedule_is_keras_vits():
 def test_real_images_recipe_command_pins_the_set_up():
     args = real_images.parse_args(["--data=/data/x", "--recipe-flags=--steps_per_execution=4"])
     command = real_images.recipe_command(args, seed=2, run_dir="/tmp/run")
-    flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--"))
+    flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
     # No dropout inherited from the named config, the issue's model and optimizer.
     assert flags["dropout_rate"] == "0" and flags["pre_logits"] == "false"
     assert json.loads(flags["model_overrides"]) == {
@@ -110,3 +111,14 @@ def test_real_images_smoke_run_trains_both(tmp_path):
     assert math.isclose(ours["img_s_vs_timm"], rows[0]["img_s"] / rows[1]["img_s"], abs_tol=0.006)
     saved = json.loads((tmp_path / "rows.json").read_text())
     assert saved["summary"] == summary and saved["setup"]["steps"] == 4
+
+
+def test_step_costs_smoke_run_times_both_sides():
+    pytest.importorskip("timm")
+    row = step_costs.main(["--repeats=1"])
+    # The CIFAR-sized ViT's trainable variables: patch embedding 2, class token,
+    # position embedding, 4 blocks x 16, encoder norm 2, head 2.
+    assert row["optimizer_ms"]["variables"] == 72
+    assert row["backend"] == keras.backend.backend()
+    for costs in (row["optimizer_ms"], row["gelu_ms"]):
+        assert all(v > 0 for k, v in costs.items() if k != "variables")
