@@ -233,17 +233,18 @@ def run_timm(args, seed):
     decode_s = time.perf_counter() - start
     model, steps = timm_loop(args, seed, x_train, y_train, classes)
     train_start = time.perf_counter()
-    steps(SKIP)
+    loss, correct, seen = steps(SKIP)
     timed_start = time.perf_counter()
     window_accuracy, done = [], SKIP
-    correct = seen = 0
-    while done < args.steps:  # Training accuracy per log_every updates.
+    while True:  # Training accuracy per log_every updates.
+        if done % args.log_every == 0 or done == args.steps:
+            window_accuracy.append(round(correct / seen, 4))
+            correct = seen = 0
+        if done == args.steps:
+            break
         n = min(args.log_every - done % args.log_every, args.steps - done)
         loss, c, k = steps(n)
         correct, seen, done = correct + c, seen + k, done + n
-        if done % args.log_every == 0:
-            window_accuracy.append(round(correct / seen, 4))
-            correct = seen = 0
     train_end = time.perf_counter()
     model.eval()
     hits = 0
