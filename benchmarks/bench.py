@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py                      # Ti/S/B, every backend
     python benchmarks/bench.py --backends jax --models B --batches 32
+    python benchmarks/bench.py --backends torch --models C --batches 128 --train-batches 128
     python benchmarks/bench.py --smoke              # tiny sizes, seconds
 
 Each backend runs in its own process (`KERAS_BACKEND` is fixed at import).
@@ -28,11 +29,24 @@ SIZES = {
     "Ti": (192, 768, 3, 12, 16),
     "S": (384, 1536, 6, 12, 16),
     "B": (768, 3072, 12, 12, 16),
+    # CIFAR-sized, the model of benchmarks/real_images.py: 32 px, 10 classes.
+    "C": (128, 512, 4, 4, 4),
     "tiny": (32, 64, 2, 1, 8),  # --smoke
 }
+# Input side and classes where they differ from ImageNet's 224 px / 1,000.
+IMAGE_SIZES = {"C": 32, "tiny": 32}
+NUM_CLASSES = {"C": 10}
 
 
-def forward_flops(size, image, num_classes=1000):
+def image_size(size):
+    return IMAGE_SIZES.get(size, 224)
+
+
+def num_classes(size):
+    return NUM_CLASSES.get(size, 1000)
+
+
+def forward_flops(size, image, classes=1000):
     """Multiply-adds x 2 of one forward pass (matmuls only; the rest is
     negligible): patch embedding, per block q/k/v, scores, weighted sum,
     output projection and MLP, and the head."""
@@ -46,7 +60,7 @@ def forward_flops(size, image, num_classes=1000):
         + 2 * tokens * hidden * mlp  # MLP
     )
     embed = patches * patch * patch * 3 * hidden
-    return 2 * (embed + layers * per_block + hidden * num_classes)
+    return 2 * (embed + layers * per_block + hidden * classes)
 
 
 # --- Worker: one backend, one process -----------------------------------------
@@ -87,7 +101,7 @@ def build_keras_vit(size, image):
     hidden, mlp, heads, layers, patch = SIZES[size]
     return keras_vit.ViT(
         None, hidden_size=hidden, mlp_dim=mlp, num_heads=heads, num_layers=layers,
-        patch_size=patch, input_shape=(image, image, 3), num_classes=1000,
+        patch_size=patch, input_shape=(image, image, 3), num_classes=num_classes(size),
     )
 
 
@@ -100,30 +114,51 @@ def build_keras_hub(size, image):
         image_shape=(image, image, 3), patch_size=patch, num_layers=layers,
         num_heads=heads, hidden_dim=hidden, mlp_dim=mlp,
     )
-    logits = keras.layers.Dense(1000, dtype="float32")(backbone.output[:, 0])
+    logits = keras.layers.Dense(num_classes(size), dtype="float32")(backbone.output[:, 0])
     return keras.Model(backbone.input, logits)
 
 
-def keras_runner(model, x, y, mode):
+def make_optimizer(name, model):
+    """`adamw`: Keras' AdamW; `original`: the recipes' optimizer
+    (`keras_vit.training.pretraining_optimizer`: decoupled Adam, decay on
+    kernels only, global-norm clipping, warmup-cosine schedule); `sgd`: plain
+    SGD, the cheapest update (the difference to the others is the cost of
+    their update)."""
+    import keras
+
+    from keras_vit import training
+
+    if name == "original":
+        return training.pretraining_optimizer(
+            model, 1e-4, total_steps=1_000_000, warmup_steps=10, decay_type="cosine",
+            weight_decay=0.1, global_clipnorm=1.0,
+        )
+    if name == "sgd":
+        return keras.optimizers.SGD(1e-4)
+    return keras.optimizers.AdamW(1e-4)
+
+
+def keras_runner(model, x, y, mode, optimizer="adamw", jit_compile="auto"):
     import keras
 
     if mode == "inference":
         return lambda: keras.ops.convert_to_numpy(model.predict_on_batch(x))
     model.compile(
-        optimizer=keras.optimizers.AdamW(1e-4),
+        optimizer=make_optimizer(optimizer, model),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit_compile,
     )
     return lambda: model.train_on_batch(x, y)
 
 
-def timm_runner(size, image, x, y, mode):
+def timm_runner(size, image, x, y, mode, optimizer="adamw"):
     import timm
     import torch
 
     hidden, mlp, heads, layers, patch = SIZES[size]
     model = timm.models.vision_transformer.VisionTransformer(
         img_size=image, patch_size=patch, embed_dim=hidden, depth=layers,
-        num_heads=heads, mlp_ratio=mlp / hidden, num_classes=1000,
+        num_heads=heads, mlp_ratio=mlp / hidden, num_classes=num_classes(size),
     )
     xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
     yt = torch.from_numpy(y.astype("int64"))
@@ -135,12 +170,18 @@ def timm_runner(size, image, x, y, mode):
                 model(xt)
 
         return run
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    params = list(model.parameters())
+    if optimizer == "sgd":
+        update = torch.optim.SGD(params, lr=1e-4)
+    else:
+        update = torch.optim.AdamW(params, lr=1e-4)
 
     def step():
-        optimizer.zero_grad()
+        update.zero_grad()
         torch.nn.functional.cross_entropy(model(xt), yt).backward()
-        optimizer.step()
+        if optimizer == "original":  # The recipes' global-norm clipping.
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        update.step()
 
     return step
 
@@ -154,22 +195,23 @@ def run_worker(args):
         keras.config.set_dtype_policy(args.dtype)
     backend = keras.backend.backend()
     peak = matmul_peak_gflops(512 if args.smoke else 2048)
-    image = 32 if args.smoke else 224
     rows = []
     for size in args.models:
+        image = image_size(size)
         for mode, batches in (("inference", args.batches), ("training", args.train_batches)):
             for batch in batches:
                 rng = np.random.default_rng(0)
                 x = rng.uniform(-1, 1, (batch, image, image, 3)).astype("float32")
-                y = rng.integers(0, 1000, (batch,))
-                runners = {"keras_vit": keras_runner(build_keras_vit(size, image), x, y, mode)}
+                y = rng.integers(0, num_classes(size), (batch,))
+                options = dict(optimizer=args.optimizer, jit_compile=args.jit_compile)
+                runners = {"keras_vit": keras_runner(build_keras_vit(size, image), x, y, mode, **options)}
                 try:
-                    runners["keras-hub"] = keras_runner(build_keras_hub(size, image), x, y, mode)
+                    runners["keras-hub"] = keras_runner(build_keras_hub(size, image), x, y, mode, **options)
                 except ImportError:
                     pass
                 if backend == "torch" and args.dtype == "float32":
                     try:
-                        runners["timm"] = timm_runner(size, image, x, y, mode)
+                        runners["timm"] = timm_runner(size, image, x, y, mode, args.optimizer)
                     except ImportError:
                         pass
                 iterations = args.iterations if mode == "inference" else args.train_iterations
@@ -181,9 +223,10 @@ def run_worker(args):
                 for _ in range(args.repeats):
                     for name, run in runners.items():
                         times[name].append(_timed(run, iterations))
-                flops = forward_flops(size, image) * (3 if mode == "training" else 1)
+                flops = forward_flops(size, image, num_classes(size)) * (3 if mode == "training" else 1)
                 row = dict(
-                    backend=backend, model=size, mode=mode, batch=batch, dtype=args.dtype,
+                    backend=backend, model=size, image=image, mode=mode, batch=batch, dtype=args.dtype,
+                    optimizer=args.optimizer, jit_compile=args.jit_compile,
                     matmul_peak_gflops=round(peak, 1), load=os.getloadavg()[0],
                     peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
                 )
@@ -227,6 +270,10 @@ def parse_args(argv=None):
     parser.add_argument("--iterations", type=int, default=3, help="inference steps per timed sample")
     parser.add_argument("--train-iterations", type=int, default=1, help="training steps per timed sample")
     parser.add_argument("--dtype", default="float32", help="float32 or mixed_bfloat16")
+    parser.add_argument("--optimizer", default="adamw", choices=("adamw", "original", "sgd"),
+                        help="training: Keras' AdamW, the recipes' optimizer, or plain SGD")
+    parser.add_argument("--jit-compile", default="auto", type=lambda v: v if v == "auto" else v == "true",
+                        help="Keras jit_compile for training: auto, true (PyTorch: torch.compile) or false")
     parser.add_argument("--smoke", action="store_true", help="tiny model, 1 repeat")
     parser.add_argument("--json", help="write all rows to this JSON file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

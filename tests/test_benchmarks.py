@@ -1,14 +1,20 @@
 """A smoke run of the benchmark command, so that it never rots (speed itself
 is never asserted: see docs/performance.md)."""
 
+import json
+import math
 import pathlib
 import sys
 
 import keras
+import numpy as np
+import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench  # noqa: E402
 import input_pipeline  # noqa: E402
+import real_images  # noqa: E402
+import step_costs  # noqa: E402
 
 sys.path.pop(0)
 
@@ -16,6 +22,14 @@ sys.path.pop(0)
 def test_flop_count_of_vit_b16():
     # 17.6 G multiply-adds per 224-px image (ViT-B/16).
     assert abs(bench.forward_flops("B", 224) / 2e9 - 17.56) < 0.05
+
+
+def test_flop_count_of_the_cifar_sized_model():
+    # Multiply-adds: patch embedding 64 x 48 x 128, 4 blocks over 65 tokens
+    # (q/k/v 3 x 65 x 128^2, scores and sum 2 x 65^2 x 128, output 65 x 128^2,
+    # MLP 2 x 65 x 128 x 512), head 128 x 10.
+    assert bench.forward_flops("C", 32, 10) == 2 * 55_838_976
+    assert (bench.image_size("C"), bench.num_classes("C")) == (32, 10)
 
 
 def test_smoke_run_measures_keras_vit_and_reports():
@@ -36,3 +50,75 @@ def test_input_pipeline_smoke_run_covers_every_recipe_pipeline(tmp_path):
         # Both are rounded to 0.1 from the unrounded rate.
         assert row["img_s"] > 0 and abs(row["ratio_to_training"] - row["img_s"] / 2) <= 0.1
     assert (tmp_path / "rows.json").stat().st_size > 0
+
+
+def test_real_images_schedule_is_keras_vits():
+    # The PyTorch loop must follow the recipe's learning rate update by update.
+    from keras_vit import training
+
+    reference = training.WarmupDecay(1e-3, 300, warmup_steps=30, decay_type="cosine")
+    for step in (0, 1, 15, 29, 30, 31, 150, 298, 299):
+        expected = float(keras.ops.convert_to_numpy(reference(step)))
+        # keras_vit computes in float32: 1e-6 of the peak rate.
+        assert math.isclose(real_images.schedule(step, 1e-3, 300, 30), expected, abs_tol=1e-9), step
+    assert real_images.schedule(0, 1e-3, 300, 30) == 0.0
+    assert math.isclose(real_images.schedule(30, 1e-3, 300, 30), 1e-3)
+
+
+def test_real_images_recipe_command_pins_the_set_up():
+    args = real_images.parse_args(["--data=/data/x", "--recipe-flags=--steps_per_execution=4"])
+    command = real_images.recipe_command(args, seed=2, run_dir="/tmp/run")
+    flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
+    # No dropout inherited from the named config, the issue's model and optimizer.
+    assert flags["dropout_rate"] == "0" and flags["pre_logits"] == "false"
+    assert json.loads(flags["model_overrides"]) == {
+        "hidden_size": 128, "mlp_dim": 512, "num_heads": 4, "num_layers": 4, "patch_size": 4}
+    assert (flags["total_steps"], flags["warmup_steps"], flags["batch_size"]) == ("300", "30", "128")
+    assert (flags["weight_decay"], flags["learning_rate"], flags["seed"]) == ("0.1", "0.001", "2")
+    assert flags["steps_per_execution"] == "4" and command[-1] == "--steps_per_execution=4"
+
+
+def test_real_images_original_init_on_timm():
+    timm_vit = pytest.importorskip("timm.models.vision_transformer")
+    import torch
+
+    torch.manual_seed(0)
+    model = timm_vit.VisionTransformer(img_size=32, patch_size=4, embed_dim=128, depth=1,
+                                       num_heads=4, num_classes=10)
+    real_images.original_init(model)
+    assert float(model.head.weight.abs().max()) == 0 and float(model.cls_token.abs().max()) == 0
+    qkv = model.blocks[0].attn.qkv.weight.detach().numpy()
+    # Xavier-uniform on each (128, 128) kernel: limit sqrt(3 / 128), sd limit / sqrt(3).
+    assert np.abs(qkv).max() <= math.sqrt(3 / 128)
+    assert abs(qkv.std() / math.sqrt(1 / 128) - 1) < 0.05
+    proj = model.patch_embed.proj.weight.detach().numpy()  # LeCun normal, fan-in 48.
+    assert abs(proj.std() / math.sqrt(1 / 48) - 1) < 0.15
+
+
+def test_real_images_smoke_run_trains_both(tmp_path):
+    pytest.importorskip("timm")
+    backend = keras.backend.backend()
+    rows, summary = real_images.main(
+        ["--smoke", f"--backends={backend}", f"--json={tmp_path / 'rows.json'}"])
+    assert [r["runner"] for r in rows] == [f"keras_vit {backend}", "timm"]
+    for row in rows:
+        assert 0.0 <= row["accuracy"] <= 1.0 and row["img_s"] > 0
+        assert len(row["train_accuracy"]) == 2  # 4 updates, a window of 2.
+        assert row["load_before"] >= 0
+    by_runner = {s["runner"]: s for s in summary}
+    assert by_runner["timm"]["img_s_vs_timm"] == 1.0
+    ours = by_runner[f"keras_vit {backend}"]
+    assert math.isclose(ours["img_s_vs_timm"], rows[0]["img_s"] / rows[1]["img_s"], abs_tol=0.006)
+    saved = json.loads((tmp_path / "rows.json").read_text())
+    assert saved["summary"] == summary and saved["setup"]["steps"] == 4
+
+
+def test_step_costs_smoke_run_times_both_sides():
+    pytest.importorskip("timm")
+    row = step_costs.main(["--repeats=1"])
+    # The CIFAR-sized ViT's trainable variables: patch embedding 2, class token,
+    # position embedding, 4 blocks x 16, encoder norm 2, head 2.
+    assert row["optimizer_ms"]["variables"] == 72
+    assert row["backend"] == keras.backend.backend()
+    for costs in (row["optimizer_ms"], row["gelu_ms"]):
+        assert all(v > 0 for k, v in costs.items() if k != "variables")
