@@ -16,6 +16,9 @@ def test_readme_quick_start_runs(tmp_path, monkeypatch):
     exec(compile(code, "README quick start", "exec"), namespace)
     assert namespace["logits"].shape == (2, 10)
     assert (tmp_path / "vit_b16.npz").exists()
+    probe = namespace["probe"]
+    assert probe.output.shape[-1] == 5
+    assert [w.path.split("/")[-2] for w in probe.trainable_weights] == ["head", "head"]
 
 
 def generated_block(path, marker):
