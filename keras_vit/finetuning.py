@@ -62,7 +62,10 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         dtype="float32",
         name="head",
     )(features)
-    return keras.Model(model.inputs, outputs, name=model.name)
+    # One input stays one tensor (not a list of one), as `ViT` builds it, so
+    # calling the model with an array gives no structure warning.
+    inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+    return keras.Model(inputs, outputs, name=model.name)
 
 
 def freeze_backbone(model):

@@ -68,3 +68,17 @@ def test_freeze_backbone_counts_and_training_moves_only_the_head():
         assert changed == weight.path.startswith("head/"), weight.path
     with pytest.raises(ValueError, match="no layer named 'head'"):
         keras_vit.freeze_backbone(tiny(include_top=False, pooling="token"))
+
+
+def test_reset_head_keeps_a_single_input_structure(recwarn):
+    """Calling the new model with an array, as users do, gives no Keras
+    warning about the input structure (a list of one input would)."""
+    import warnings
+
+    model = keras_vit.reset_head(keras_vit.ViT(None, num_layers=1, hidden_size=16, num_heads=2,
+                                               mlp_dim=32, patch_size=8, input_shape=(16, 16, 3),
+                                               num_classes=3), num_classes=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = model(np.zeros((2, 16, 16, 3), "float32"))
+    assert tuple(out.shape) == (2, 4)
