@@ -86,7 +86,7 @@ def test_real_images_original_init_on_timm():
     model = timm_vit.VisionTransformer(img_size=32, patch_size=4, embed_dim=128, depth=1,
                                        num_heads=4, num_classes=10)
     real_images.original_init(model)
-    assert float(model.head.weight.abs().max()) == 0 and float(model.cls_token.abs().max()) == 0
+    assert float(model.head.weight.detach().abs().max()) == 0 and float(model.cls_token.detach().abs().max()) == 0
     qkv = model.blocks[0].attn.qkv.weight.detach().numpy()
     # Xavier-uniform on each (128, 128) kernel: limit sqrt(3 / 128), sd limit / sqrt(3).
     assert np.abs(qkv).max() <= math.sqrt(3 / 128)
