@@ -414,10 +414,10 @@ def _jax_setup(mode, devices, model_parallel_size, multi_host):
     if multi_host:
         import jax
 
-        # CPU hosts need a cross-process collective implementation; JAX
-        # before 0.5 has none by default ("Multiprocess computations aren't
+        # CPU hosts need a cross-process collective implementation; older
+        # JAX releases set none by default ("Multiprocess computations aren't
         # implemented on the CPU backend"). Accelerators are not affected.
-        if jax.config.values.get("jax_cpu_collectives_implementation") == "none":
+        if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "none"):
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         keras.distribution.initialize()
     if mode == "tpu":

@@ -258,7 +258,7 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
         {
             "KERAS_BACKEND": "jax",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
-            "KERAS_DISTRIBUTION_JOB_ADDRESSES": "localhost:23456",
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{_free_ports(1)[0]}",
             "KERAS_DISTRIBUTION_NUM_PROCESSES": "1",
             "KERAS_DISTRIBUTION_PROCESS_ID": "0",
         },
@@ -394,12 +394,17 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
 # --------------------------------------------------------------------------
 
 
-def _free_port():
+def _free_ports(count):
+    """`count` distinct free ports: the sockets stay bound until all are
+    chosen, so two coordinators never get the same port."""
+    import contextlib
     import socket
 
-    with socket.socket() as sock:
-        sock.bind(("localhost", 0))
-        return sock.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("localhost", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 def _jax_hosts_child():
@@ -461,9 +466,9 @@ def test_jax_two_processes_equal_one_process(tmp_path):
         assert process.returncode == 0, out[-2000:] + err[-4000:]
         return json.loads(out.strip().splitlines()[-1])
 
-    port = _free_port()
+    port, single_port = _free_ports(2)
     # All three at once: the wall time is the slowest one's.
-    single = launch(1, 0, 4, _free_port(), tmp_path / "single.npz")
+    single = launch(1, 0, 4, single_port, tmp_path / "single.npz")
     hosts = [launch(2, i, 2, port, tmp_path / "hosts.npz") for i in range(2)]
     reports = [finish(p) for p in hosts]
     single = finish(single)

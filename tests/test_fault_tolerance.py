@@ -460,16 +460,19 @@ MP_STEPS, MP_KILL_AFTER = 4, 3  # 2 epochs of 4 steps; killed after step 3
 
 def _mp_worker():
     """One of 2 JAX processes x 2 CPU devices, data parallel over the 4;
-    each feeds its own half of every global batch of 8."""
+    both pass the global batches of 8 as a `tf.data.Dataset` and Keras
+    shards them, each process reading its own half."""
     keras.distribution.initialize()
     index = int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"])
     distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
-    distribution.auto_shard_dataset = False  # each process passes its own shard
     keras.distribution.set_distribution(distribution)
     workdir = os.environ["KERAS_VIT_TEST_WORKDIR"]
     rng = np.random.default_rng(5)
-    x = rng.normal(size=(2, MP_STEPS * 4, 4)).astype("float32")[index]
-    y = np.eye(2, dtype="float32")[rng.integers(0, 2, (2, MP_STEPS * 4))[index]]
+    x = rng.normal(size=(MP_STEPS * 8, 4)).astype("float32")
+    y = np.eye(2, dtype="float32")[rng.integers(0, 2, MP_STEPS * 8)]
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     model = _small_model()
     writes = []
     save_weights = model.save_weights
@@ -484,7 +487,7 @@ def _mp_worker():
                 open(marker, "w").close()
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    model.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0, callbacks=[backup, KillAll()])
+    model.fit(dataset, epochs=2, verbose=0, callbacks=[backup, KillAll()])
     print(json.dumps({
         "index": index,
         "resumed_from": backup.resumed_from["step"] if backup.resumed_from else None,

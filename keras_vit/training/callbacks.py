@@ -474,7 +474,9 @@ def _global_seed_state():
     from keras.src.backend.common import global_state
     from keras.src.random import seed_generator
 
-    generator = global_state.get_global_attribute(seed_generator.GLOBAL_SEED_GENERATOR)
+    # The attribute's name: a constant since Keras 3.11, a literal before.
+    name = getattr(seed_generator, "GLOBAL_SEED_GENERATOR", "global_seed_generator")
+    generator = global_state.get_global_attribute(name)
     return None if generator is None else _state(generator.state)
 
 
