@@ -4,51 +4,35 @@ table of model kinds (plain, gap, pre-logits, hybrid, root-only hybrid)."""
 import keras
 import pytest
 
-import keras_vit
 from keras_vit.models import anatomy
+from tests.helpers import MODEL_KINDS, tiny_model
 
-TINY = dict(hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32)
-
-# kind: (builder keywords, expected anatomy fields)
-KINDS = {
-    "plain": (
-        dict(patch_size=8, input_shape=(16, 24, 3), num_classes=5),
-        dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=1, hybrid=False,
-             has_pre_logits=False, num_classes=5, outputs_tokens=False,
-             embedding_patch_size=(8, 8), resnet=None, resnet_width=None),
-    ),
-    "gap": (
-        dict(patch_size=8, input_shape=(16, 24, 3), classifier="gap", include_top=False),
-        dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=0, hybrid=False,
-             has_pre_logits=False, num_classes=None, outputs_tokens=True),
-    ),
-    "pre_logits": (
-        dict(patch_size=4, input_shape=(16, 16, 3), representation_size=12, num_classes=7),
-        dict(grid=(4, 4), patch_size=(4, 4), num_prefix_tokens=1, hybrid=False,
-             has_pre_logits=True, num_classes=7, outputs_tokens=False),
-    ),
-    "hybrid": (
-        # Root (stride 4) + one stage of one unit (stride 1) x patch 2.
-        dict(patch_size=2, input_shape=(32, 32, 3), resnet=(1,), resnet_width_factor=0.5,
-             classifier="gap", num_classes=3),
-        dict(grid=(4, 4), patch_size=(8, 8), num_prefix_tokens=0, hybrid=True,
-             has_pre_logits=False, num_classes=3, outputs_tokens=False,
-             embedding_patch_size=(2, 2), resnet=(1,), resnet_width=32),
-    ),
-    "root_only": (
-        dict(patch_size=2, input_shape=(32, 48, 3), resnet=(), resnet_width_factor=0.5,
-             include_top=False),
-        dict(grid=(4, 6), patch_size=(8, 8), num_prefix_tokens=1, hybrid=True,
-             has_pre_logits=False, num_classes=None, outputs_tokens=True,
-             embedding_patch_size=(2, 2), resnet=(), resnet_width=32),
-    ),
+# kind (tests.helpers.MODEL_KINDS): the expected anatomy fields
+EXPECTED = {
+    "plain": dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=1, hybrid=False,
+                  has_pre_logits=False, num_classes=5, outputs_tokens=False,
+                  embedding_patch_size=(8, 8), resnet=None, resnet_width=None),
+    "gap": dict(grid=(2, 3), patch_size=(8, 8), num_prefix_tokens=0, hybrid=False,
+                has_pre_logits=False, num_classes=None, outputs_tokens=True),
+    "pre_logits": dict(grid=(4, 4), patch_size=(4, 4), num_prefix_tokens=1, hybrid=False,
+                       has_pre_logits=True, num_classes=7, outputs_tokens=False),
+    "hybrid": dict(grid=(4, 4), patch_size=(8, 8), num_prefix_tokens=0, hybrid=True,
+                   has_pre_logits=False, num_classes=3, outputs_tokens=False,
+                   embedding_patch_size=(2, 2), resnet=(1,), resnet_width=32),
+    "root_only": dict(grid=(4, 6), patch_size=(8, 8), num_prefix_tokens=1, hybrid=True,
+                      has_pre_logits=False, num_classes=None, outputs_tokens=True,
+                      embedding_patch_size=(2, 2), resnet=(), resnet_width=32),
 }
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_kind_table_is_complete():
+    assert sorted(EXPECTED) == sorted(MODEL_KINDS)
+
+
+@pytest.mark.parametrize("kind", sorted(MODEL_KINDS))
 def test_anatomy_of_every_model_kind(kind):
-    keywords, expected = KINDS[kind]
-    model = keras_vit.ViT(None, **TINY, **keywords)
+    keywords, expected = MODEL_KINDS[kind], EXPECTED[kind]
+    model = tiny_model(kind)
     parts = anatomy(model)
     for field, value in expected.items():
         assert getattr(parts, field) == value, (kind, field, getattr(parts, field))

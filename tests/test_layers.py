@@ -1,7 +1,6 @@
 """Layers: config round trips, numerics against numpy, attention scores,
 mixed precision."""
 
-import json
 
 import keras
 import numpy as np
@@ -9,7 +8,7 @@ import pytest
 
 import keras_vit
 from keras_vit import layers
-from tests.helpers import randomize_weights
+from tests.helpers import assert_layer_round_trip, randomize_weights
 
 RNG = np.random.default_rng(0)
 
@@ -35,22 +34,7 @@ LAYER_CASES = [
 
 @pytest.mark.parametrize("cls, kwargs, shape", LAYER_CASES, ids=lambda c: getattr(c, "__name__", ""))
 def test_config_round_trip_and_same_outputs(cls, kwargs, shape):
-    layer = cls(**kwargs, name="layer")
-    x = RNG.normal(size=shape).astype("float32")
-    out = keras.ops.convert_to_numpy(layer(x))
-    config = layer.get_config()
-    for key, value in kwargs.items():
-        assert config[key] == (list(value) if isinstance(value, tuple) else value) or (
-            config[key] == value
-        )
-    revived = cls.from_config(json.loads(json.dumps(config)))
-    assert json.loads(json.dumps(revived.get_config())) == json.loads(json.dumps(config))
-    revived(x)
-    revived.set_weights(layer.get_weights())
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(revived(x)), out, atol=1e-6)
-    serialized = keras.saving.serialize_keras_object(layer)
-    assert serialized["registered_name"] == f"keras_vit>{cls.__name__}"
-    assert type(keras.saving.deserialize_keras_object(serialized)) is cls
+    assert_layer_round_trip(cls, kwargs, RNG.normal(size=shape).astype("float32"))
 
 
 def test_patch_embedding_equals_flattened_patches_times_kernel():

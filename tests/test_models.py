@@ -1,7 +1,6 @@
 """ViT models: parameter counts, the keras.applications arguments, saving,
 gradients and argument validation."""
 
-import json
 
 import keras
 import numpy as np
@@ -9,7 +8,15 @@ import pytest
 
 import keras_vit
 from keras_vit import variants
-from tests.helpers import gradients, lazy_build, randomize_weights
+from tests.helpers import (
+    MODEL_KINDS,
+    assert_every_weight_gets_a_gradient,
+    assert_saving_round_trip,
+    lazy_build,
+    random_images,
+    randomize_weights,
+    tiny_model,
+)
 
 # google-research/vision_transformer, vit_jax/models_test.py (num_classes=1000,
 # 224 px); the 384-px column re-computed from the same definitions.
@@ -184,18 +191,12 @@ def test_intermediate_blocks_can_be_tapped():
     assert [o.shape for o in outs] == [(1, 17, 16)] * 2
 
 
-def test_keras_save_and_load_same_outputs(tmp_path):
-    model = keras_vit.ViT(
-        None, representation_size=8, num_classes=3, drop_path_rate=0.1, **TINY
-    )
-    randomize_weights(model)
-    x = np.random.default_rng(3).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-    path = str(tmp_path / "vit.keras")
-    model.save(path)
-    restored = keras.saving.load_model(path, safe_mode=True)
-    np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0), atol=1e-6)
-    as_json = lambda m: json.loads(json.dumps(m.get_config()))  # noqa: E731
-    assert as_json(restored) == as_json(model)
+@pytest.mark.parametrize("kind", sorted(MODEL_KINDS))
+def test_every_model_kind_saves_and_loads_the_same(kind, tmp_path):
+    """`.keras` in safe mode and `.weights.h5`: same outputs, same config
+    (drop path on, so its schedule is part of the config)."""
+    model = randomize_weights(tiny_model(kind, drop_path_rate=0.1))
+    assert_saving_round_trip(model, random_images(model, seed=3), tmp_path)
 
 
 def test_weights_h5_round_trip(tmp_path):
@@ -207,14 +208,10 @@ def test_weights_h5_round_trip(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_gradient_reaches_every_weight():
-    model = keras_vit.ViT(None, representation_size=8, num_classes=3, **TINY)
-    randomize_weights(model)  # A zero head would block every upstream gradient.
-    x = np.random.default_rng(4).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-    grads = gradients(model, x, training=False)
-    assert len(grads) == len(model.trainable_variables) > 0
-    for variable, grad in zip(model.trainable_variables, grads):
-        assert np.abs(grad).max() > 0, f"no gradient reaches {variable.path}"
+@pytest.mark.parametrize("kind", sorted(MODEL_KINDS))
+def test_every_model_kind_gets_a_gradient_to_every_weight(kind):
+    model = randomize_weights(tiny_model(kind), scale=0.2)
+    assert_every_weight_gets_a_gradient(model, random_images(model, seed=4))
 
 
 def test_dropout_and_drop_path_only_in_training():
