@@ -1,4 +1,4 @@
-"""Input pipelines: ops, RandAugment, mixup, sources and batches for fit."""
+"""Input pipelines: ops, RandAugment, mixup (augment), sources and batches for fit."""
 
 import dataclasses
 import os
@@ -10,8 +10,10 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 import keras_vit
+from keras_vit.data import augment
 from keras_vit.data import ops
 from keras_vit.data import pipelines
+from keras_vit.data import sources
 
 # Base colour per class; images are the colour plus noise in [-25, 25], so a
 # crop's mean colour tells the class whatever the crop and flip.
@@ -144,37 +146,37 @@ def test_randaugment_ops_match_pil_and_formulas():
     image = rng.integers(40, 200, (17, 23, 3)).astype(np.uint8)
     image[0, 0] = [0, 255, 7]
     x = tf.constant(image)
-    np.testing.assert_array_equal(ops.equalize(x), np.asarray(ImageOps.equalize(Image.fromarray(image))))
+    np.testing.assert_array_equal(augment.equalize(x), np.asarray(ImageOps.equalize(Image.fromarray(image))))
     # Autocontrast truncates (PIL rounds): the original's formula per channel.
     part = image[1:].astype(np.float32)
     low, high = part.min((0, 1)), part.max((0, 1))
     scale = np.float32(255.0) / (high - low)
     want = np.clip(part * scale - low * scale, 0, 255).astype(np.uint8)
-    np.testing.assert_array_equal(ops.autocontrast(tf.constant(image[1:])), want)
-    np.testing.assert_array_equal(ops.invert(x), 255 - image)
-    np.testing.assert_array_equal(ops.posterize(x, 4), image & 0xF0)
-    np.testing.assert_array_equal(ops.solarize(x, 128), np.where(image < 128, image, 255 - image))
+    np.testing.assert_array_equal(augment.autocontrast(tf.constant(image[1:])), want)
+    np.testing.assert_array_equal(augment.invert(x), 255 - image)
+    np.testing.assert_array_equal(augment.posterize(x, 4), image & 0xF0)
+    np.testing.assert_array_equal(augment.solarize(x, 128), np.where(image < 128, image, 255 - image))
     np.testing.assert_array_equal(
-        ops.solarize_add(x, 110), np.where(image < 128, np.minimum(image.astype(int) + 110, 255), image)
+        augment.solarize_add(x, 110), np.where(image < 128, np.minimum(image.astype(int) + 110, 255), image)
     )
     # Blends truncate towards zero: brightness 0.5 of 201 is 100.
-    np.testing.assert_array_equal(ops.brightness(x, 0.5), (image * 0.5).astype(np.uint8))
+    np.testing.assert_array_equal(augment.brightness(x, 0.5), (image * 0.5).astype(np.uint8))
     # Contrast's grey level is pixel count / 256 (17 * 23 / 256 = 1.53 -> 1).
-    np.testing.assert_array_equal(ops.contrast(x, 0.0), np.ones_like(image))
+    np.testing.assert_array_equal(augment.contrast(x, 0.0), np.ones_like(image))
 
 
 def test_randaugment_geometry_fills_grey():
     image = np.arange(36, dtype=np.uint8).reshape(6, 6, 1).repeat(3, -1)
     x = tf.constant(image)
-    moved = ops.translate_x(x, 2.0).numpy()
+    moved = augment.translate_x(x, 2.0).numpy()
     np.testing.assert_array_equal(moved[:, :4], image[:, 2:])
     assert (moved[:, 4:] == 128).all()
-    moved = ops.translate_y(x, -1.0).numpy()
+    moved = augment.translate_y(x, -1.0).numpy()
     np.testing.assert_array_equal(moved[1:], image[:-1])
     assert (moved[0] == 128).all()
     odd = np.arange(25, dtype=np.uint8).reshape(5, 5, 1).repeat(3, -1)
-    np.testing.assert_array_equal(ops.rotate(tf.constant(odd), 90.0), np.rot90(odd))
-    cut = ops.cutout(tf.zeros((40, 40, 3), tf.uint8), 5).numpy()
+    np.testing.assert_array_equal(augment.rotate(tf.constant(odd), 90.0), np.rot90(odd))
+    cut = augment.cutout(tf.zeros((40, 40, 3), tf.uint8), 5).numpy()
     rows, cols = np.nonzero(cut[..., 0] == 128)
     assert 0 < len(rows) <= 100 and rows.max() - rows.min() < 10 and cols.max() - cols.min() < 10
 
@@ -182,21 +184,21 @@ def test_randaugment_geometry_fills_grey():
 def test_randaugment_draws_ops():
     # Eagerly (fast); the pre-training pipeline test runs it inside tf.data.
     image = tf.constant(np.random.default_rng(2).integers(0, 256, (24, 24, 3)), tf.uint8)
-    outs = [ops.randaugment(image, 2, 15).numpy() for _ in range(8)]
+    outs = [augment.randaugment(image, 2, 15).numpy() for _ in range(8)]
     assert all(o.shape == (24, 24, 3) and o.dtype == np.uint8 for o in outs)
     assert sum(not np.array_equal(o, image) for o in outs) >= 4
     assert len({o.tobytes() for o in outs}) >= 4  # Different ops are drawn.
-    np.testing.assert_array_equal(ops.randaugment(image, 0, 30), image)
+    np.testing.assert_array_equal(augment.randaugment(image, 0, 30), image)
     with pytest.raises(ValueError, match=r"Received: num_layers=-1"):
-        ops.randaugment(image, -1, 10)
+        augment.randaugment(image, -1, 10)
     with pytest.raises(ValueError, match="uint8"):
-        ops.randaugment(tf.cast(image, tf.float32), 2, 10)
+        augment.randaugment(tf.cast(image, tf.float32), 2, 10)
 
 
 def test_mixup_one_sorted_weight_shared_by_images_and_labels():
     images = tf.random.uniform((6, 4, 4, 3))
     labels = tf.one_hot([0, 1, 2, 0, 1, 2], 3)
-    mixed_images, mixed_labels = ops.mixup(images, labels, 0.5)
+    mixed_images, mixed_labels = augment.mixup(images, labels, 0.5)
     # Example i keeps weight w >= 0.5 of its own label, 1 - w of example i-1's.
     weight = float(mixed_labels[0, 0])
     assert 0.5 <= weight <= 1.0
@@ -204,6 +206,18 @@ def test_mixup_one_sorted_weight_shared_by_images_and_labels():
     np.testing.assert_allclose(mixed_images, expected, atol=1e-6)
     np.testing.assert_allclose(mixed_labels, weight * labels + (1 - weight) * tf.roll(labels, 1, 0), atol=1e-6)
     np.testing.assert_allclose(mixed_labels.numpy().sum(-1), 1.0, atol=1e-6)
+
+
+def test_moved_names_stay_reachable_from_their_old_modules():
+    # RandAugment/mixup moved from ops to augment, the sources from pipelines
+    # to sources (issue 16); the old attribute paths keep working.
+    for name in ("randaugment", "mixup", "equalize", "RANDAUGMENT_OPS"):
+        assert getattr(ops, name) is getattr(augment, name)
+    for name in ("from_tfds", "from_directory", "tfds_builder", "DatasetNotAvailableError"):
+        assert getattr(pipelines, name) is getattr(sources, name) is getattr(keras_vit.data, name)
+    assert pipelines.DataSource is sources.DataSource is keras_vit.data.DataSource
+    with pytest.raises(AttributeError, match="no attribute 'missing'"):
+        ops.missing
 
 
 # ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import tensorflow as tf
 
 from keras_vit.data import ops
 from keras_vit.data import pipelines
+from keras_vit.data import sources
 
 SPLITS = ("train800", "val200", "train800val200", "test")
 GROUPS = ("natural", "specialized", "structured")
@@ -423,7 +424,7 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
     task = get_task(task)
     if split not in SPLITS:
         raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
-    builder = pipelines.tfds_builder(
+    builder = sources.tfds_builder(
         task.tfds_name,
         data_dir=data_dir,
         download=download,
@@ -449,7 +450,7 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
         for key, feature in builder.info.features.items()
         if isinstance(feature, tfds.features.Image)
     }
-    read = pipelines.tfds_reader(builder, split_string, decoders)
+    read = sources.tfds_reader(builder, split_string, decoders)
     num_classes = task.num_classes
 
     @tf.autograph.experimental.do_not_convert
@@ -463,8 +464,8 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
         )
         return {"image": example["image"], "label": label}
 
-    num_examples = SPLIT_SIZES.get(split) or pipelines._split_size(builder, split_string)
-    return pipelines.DataSource(
+    num_examples = SPLIT_SIZES.get(split) or sources._split_size(builder, split_string)
+    return sources.DataSource(
         dataset=read().map(select, num_parallel_calls=tf.data.AUTOTUNE),
         num_classes=num_classes,
         num_examples=num_examples,

@@ -1,0 +1,427 @@
+"""Sources: the examples of one split, before preprocessing.
+
+`from_tfds` reads any tensorflow-datasets image classification dataset,
+`from_directory` a folder with one sub-folder of images per class
+(`keras_vit.data.vtab.load_task` builds the VTAB tasks on `tfds_builder` and
+`tfds_reader`). Each returns a `DataSource`, which the pipelines of
+`keras_vit.data.pipelines` turn into batches.
+"""
+
+import dataclasses
+import os
+import re
+import warnings
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from keras_vit.data import ops
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
+
+class DatasetNotAvailableError(FileNotFoundError):
+    """A dataset is not prepared locally and cannot be fetched.
+
+    The message says what to download and where to put it.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSource:
+    """The examples of one split, before preprocessing.
+
+    Args:
+        dataset: `tf.data.Dataset` of dicts `{"image": ..., "label": ...}`:
+            the image as encoded bytes (tf.string) or uint8 pixels
+            `(H, W, C)`, the label an int64 scalar in `[0, num_classes)`.
+        num_classes: int.
+        num_examples: int, or None when unknown (then `cache="auto"` does
+            not cache).
+        class_names: tuple of str (index = label), or None.
+        decode: function from `image` to a uint8 `(H, W, 3)` tensor.
+        name: str used in messages.
+        shuffled: optional function `seed -> tf.data.Dataset`: the same
+            examples with the files read in a random order, a new one on
+            every iteration (image folders: a full shuffle of the file
+            names; tfds: `shuffle_files` with a seeded `ReadConfig`).
+            Training pipelines read through it. None: files in `dataset`
+            order.
+        skipped: files left out as unreadable
+            (`from_directory(..., skip_bad_images=True)`).
+    """
+
+    dataset: tf.data.Dataset
+    num_classes: int
+    num_examples: Optional[int] = None
+    class_names: Optional[Tuple[str, ...]] = None
+    decode: Callable = ops.decode_image
+    name: str = "dataset"
+    shuffled: Optional[Callable] = None
+    skipped: Tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------------------
+# tensorflow-datasets.
+# ---------------------------------------------------------------------------
+
+
+def _import_tfds():
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as e:  # pragma: no cover - depends on the install.
+        raise ImportError(
+            "tfds sources need tensorflow-datasets: `pip install tensorflow-datasets` "
+            "(or `pip install keras-vit[recipes]`)."
+        ) from e
+    return tfds
+
+
+def _data_dir_root(builder, data_dir):
+    if data_dir:
+        return os.fspath(data_dir)
+    root = getattr(builder, "_data_dir_root", None)
+    if root:
+        return os.fspath(root)
+    return os.environ.get("TFDS_DATA_DIR", os.path.expanduser("~/tensorflow_datasets"))
+
+
+def _has_files(directory):
+    return tf.io.gfile.isdir(directory) and bool(tf.io.gfile.listdir(directory))
+
+
+def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instructions=None):
+    """Returns a prepared tfds builder, or raises `DatasetNotAvailableError`.
+
+    Args:
+        name: tfds name, optionally with config and version
+            (`"eurosat/rgb:2.*.*"`).
+        data_dir: tfds data directory. Defaults to tfds' (`~/tensorflow_datasets`
+            or `$TFDS_DATA_DIR`).
+        download: bool. Whether to download and prepare the dataset when it
+            is not prepared in `data_dir`. With False, a missing dataset
+            fails at once, without any network access.
+        manual_dir: where the files of a manual-download dataset are.
+            Defaults to `<data_dir>/downloads/manual`.
+        instructions: optional text on how to get manual-download files,
+            added to tfds' own in the error message.
+    """
+    tfds = _import_tfds()
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except Exception as e:  # tfds raises several types for unknown names/versions.
+        raise ValueError(
+            f"tensorflow-datasets cannot build dataset {name!r}: {e}. Received: name={name!r}"
+        ) from e
+    if builder.is_prepared():
+        return builder
+    root = _data_dir_root(builder, data_dir)
+    manual_instructions = getattr(builder, "MANUAL_DOWNLOAD_INSTRUCTIONS", None)
+    if manual_instructions or instructions:
+        manual_dir = os.fspath(manual_dir) if manual_dir else os.path.join(root, "downloads", "manual")
+        how = "\n".join(t.strip() for t in (instructions, manual_instructions) if t)
+        message = (
+            f"Dataset {name!r} is not prepared in {builder.data_dir} and needs a "
+            f"manual download:\n{how}\nPut the files in manual_dir={manual_dir!r}, "
+            "then call again with download=True (tensorflow-datasets then "
+            "prepares the dataset in data_dir)."
+        )
+        if not download or not _has_files(manual_dir):
+            raise DatasetNotAvailableError(message)
+    else:
+        message = (
+            f"Dataset {name!r} is not prepared in {builder.data_dir}. On a "
+            "machine with network access run "
+            f"`tfds.builder({name!r}, data_dir=...).download_and_prepare()` and "
+            f"copy the directory to data_dir={root!r}, or call with "
+            "download=True here."
+        )
+        if not download:
+            raise DatasetNotAvailableError(message)
+    try:
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
+        )
+    except Exception as e:  # Network errors, missing manual files, ...
+        # The cause first: a missing package or a full disk is not fixed by
+        # the network advice that follows.
+        raise DatasetNotAvailableError(
+            f"Preparing dataset {name!r} in {builder.data_dir} failed: "
+            f"{type(e).__name__}: {e}\n{message}"
+        ) from e
+    return builder
+
+
+def tfds_reader(builder, split, decoders):
+    """`read(seed=None, shuffle=False)` -> `builder.as_dataset(split)`.
+
+    With `shuffle`, tfds reads the shard files in a seeded random order, a
+    new one each iteration, as vit_jax and big_vision read training data
+    (`shuffle_files=True`). tfds' own cache is off for it: a cache would
+    replay the first order (the pipelines cache themselves).
+    """
+    tfds = _import_tfds()
+
+    def read(seed=None, shuffle=False):
+        read_config = None
+        if shuffle:
+            read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False)
+        return builder.as_dataset(
+            split=split, decoders=decoders, shuffle_files=shuffle, read_config=read_config
+        )
+
+    return read
+
+
+def _split_size(builder, split):
+    try:
+        size = builder.info.splits[split].num_examples
+    except Exception:  # Not prepared (e.g. mocked) or an unusual split spec.
+        return None
+    return int(size) if size else None
+
+
+def from_tfds(
+    name,
+    split="train",
+    *,
+    data_dir=None,
+    download=True,
+    manual_dir=None,
+    image_key="image",
+    label_key="label",
+    shuffle_files=False,
+):
+    """A split of any tensorflow-datasets image classification dataset.
+
+    Args:
+        name: tfds name, optionally with config and version
+            (`"cifar10"`, `"eurosat/rgb:2.*.*"`).
+        split: tfds split string, slicing included (`"train[:98%]"`,
+            `"train[:800]+validation[:200]"`). Defaults to `"train"`.
+        data_dir: tfds data directory. Defaults to tfds' own.
+        download: bool. Download and prepare the dataset when it is not in
+            `data_dir`. Defaults to True. With False a missing dataset raises
+            `DatasetNotAvailableError` at once.
+        manual_dir: files of manual-download datasets. Defaults to
+            `<data_dir>/downloads/manual`.
+        image_key: the image feature. Defaults to `"image"`.
+        label_key: the `ClassLabel` feature. Defaults to `"label"`.
+        shuffle_files: bool. Read the files of `DataSource.dataset` in
+            random order. Defaults to False (reproducible order). Training
+            pipelines shuffle the files anyway, seeded (`DataSource.shuffled`).
+
+    Returns:
+        A `DataSource`. Images stay encoded until the pipeline decodes them
+        (3 channels; grey-scale is replicated), so caching holds bytes.
+    """
+    tfds = _import_tfds()
+    builder = tfds_builder(name, data_dir=data_dir, download=download, manual_dir=manual_dir)
+    features = builder.info.features
+    for key, arg in ((image_key, "image_key"), (label_key, "label_key")):
+        if key not in features:
+            raise ValueError(
+                f"Dataset {name!r} has no feature {key!r}; its features are "
+                f"{sorted(features)}. Received: {arg}={key!r}"
+            )
+    num_classes = getattr(features[label_key], "num_classes", None)
+    if not num_classes:
+        raise ValueError(
+            f"Feature {label_key!r} of {name!r} is not a class label. Received: label_key={label_key!r}"
+        )
+    read = tfds_reader(builder, split, {image_key: tfds.decode.SkipDecoding()})
+    try:
+        dataset = read(shuffle=shuffle_files)
+    except (ValueError, KeyError, AssertionError) as e:
+        raise ValueError(f"Bad split for {name!r}: {e}. Received: split={split!r}") from e
+
+    @tf.autograph.experimental.do_not_convert
+    def select(example):
+        return {"image": example[image_key], "label": tf.cast(example[label_key], tf.int64)}
+
+    return DataSource(
+        dataset=dataset.map(select, num_parallel_calls=tf.data.AUTOTUNE),
+        num_classes=int(num_classes),
+        num_examples=_split_size(builder, split),
+        class_names=tuple(features[label_key].names),
+        decode=ops.decode_image,
+        name=name,
+        shuffled=lambda seed: read(seed, shuffle=True).map(select, num_parallel_calls=tf.data.AUTOTUNE),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Image folders.
+# ---------------------------------------------------------------------------
+
+
+def _decode_error(path):
+    """TensorFlow's one-line reason why `path` does not read as an image."""
+    try:
+        ops.decode_image(tf.io.read_file(path))
+    except tf.errors.OpError as e:
+        # Drop TF's "{{function_node ...}}" prefix and "[Op:...]" suffix.
+        reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\].*$", "", e.message.strip())
+        return reason.splitlines()[0] if reason else type(e).__name__
+    return "no error when read again"  # Changed between the two reads.
+
+
+def _unreadable(paths):
+    """Indices of the files that TensorFlow cannot read and decode.
+
+    One parallel pass decodes every file as the pipelines will
+    (`ops.decode_image`); the files that fail are dropped by
+    `ignore_errors`, so the missing indices are the bad files.
+    """
+    files = tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int64), paths))
+
+    @tf.autograph.experimental.do_not_convert
+    def probe(index, path):
+        # Returning the decoded shape keeps the decode in the graph.
+        return index, tf.shape(ops.decode_image(tf.io.read_file(path)))
+
+    good = np.zeros(len(paths), bool)
+    probed = files.map(probe, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+    for indices, _ in probed.batch(4096).as_numpy_iterator():
+        good[indices] = True
+    return np.flatnonzero(~good)
+
+
+def from_directory(
+    directory,
+    *,
+    extensions=IMAGE_EXTENSIONS,
+    class_names=None,
+    check_images=True,
+    skip_bad_images=False,
+):
+    """Images in one sub-folder per class: `directory/<class>/<image>`.
+
+    Class indices follow the sorted sub-folder names, or `class_names`;
+    `DataSource.dataset` lists the files in sorted order and training
+    pipelines read them in a new seeded random order every epoch
+    (`DataSource.shuffled`). Works on any path `tf.io.gfile` reads, `gs://`
+    included.
+
+    Args:
+        directory: the folder holding one sub-folder per class.
+        extensions: file name endings that count as images (case does not
+            matter). Defaults to JPEG, PNG, BMP and GIF.
+        class_names: optional sequence of the expected class folder names,
+            in label order, e.g. the training source's `class_names` when
+            loading its test folder. The folders must be exactly these;
+            otherwise a `ValueError` names both sets. Defaults to the
+            sorted sub-folders.
+        check_images: bool. Decode every file once, now, so that a corrupt,
+            empty or non-image file fails here with its name rather than
+            mid-training. Defaults to True; False saves that pass on very
+            large folders (a bad file then stops training with
+            TensorFlow's error).
+        skip_bad_images: bool. With `check_images`, leave unreadable files
+            out (with a warning; they are in `DataSource.skipped`) instead
+            of raising. Defaults to False.
+
+    Returns:
+        A `DataSource` with `class_names`.
+    """
+    directory = os.fspath(directory)
+    if not tf.io.gfile.isdir(directory):
+        raise ValueError(f"`directory` is not a folder. Received: directory={directory!r}")
+    for value, arg in ((check_images, "check_images"), (skip_bad_images, "skip_bad_images")):
+        if not isinstance(value, bool):
+            raise ValueError(f"`{arg}` must be a bool. Received: {arg}={value!r}")
+    if skip_bad_images and not check_images:
+        raise ValueError(
+            "`skip_bad_images=True` needs `check_images=True` (bad images are "
+            "found by the check). Received: check_images=False"
+        )
+    extensions = tuple(e.lower() for e in extensions)
+    found = sorted(
+        entry.rstrip("/")
+        for entry in tf.io.gfile.listdir(directory)
+        if not entry.startswith(".") and tf.io.gfile.isdir(os.path.join(directory, entry))
+    )
+    if not found:
+        raise ValueError(
+            "`directory` must hold one sub-folder of images per class; it has "
+            f"no sub-folder. Received: directory={directory!r}"
+        )
+    if class_names is None:
+        class_names = tuple(found)
+    else:
+        if isinstance(class_names, str) or not all(isinstance(c, str) for c in class_names):
+            raise ValueError(
+                f"`class_names` must be a sequence of str. Received: class_names={class_names!r}"
+            )
+        class_names = tuple(class_names)
+        if len(set(class_names)) != len(class_names) or set(class_names) != set(found):
+            missing = sorted(set(class_names) - set(found))
+            extra = sorted(set(found) - set(class_names))
+            raise ValueError(
+                f"The class folders of directory={directory!r} are {found}, "
+                f"but class_names={list(class_names)} (missing folders: {missing}; "
+                f"folders not in class_names: {extra}). Train and test folders "
+                "must hold the same classes, or labels would not match."
+            )
+    paths, labels = [], []
+    for index, class_name in enumerate(class_names):
+        folder = os.path.join(directory, class_name)
+        files = sorted(
+            f for f in tf.io.gfile.listdir(folder)
+            if not f.startswith(".") and f.lower().endswith(extensions)
+        )
+        paths += [os.path.join(folder, f) for f in files]
+        labels += [index] * len(files)
+    skipped = ()
+    if check_images and paths:
+        bad = _unreadable(paths)
+        if len(bad):
+            listing = "\n".join(f"  {paths[i]}: {_decode_error(paths[i])}" for i in bad[:10])
+            more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""
+            if not skip_bad_images:
+                raise ValueError(
+                    f"{len(bad)} file(s) in directory={directory!r} cannot be read "
+                    f"as images:\n{listing}{more}\nFix or remove them, or pass "
+                    "skip_bad_images=True to leave them out."
+                )
+            warnings.warn(
+                f"Skipped {len(bad)} unreadable image file(s) in {directory!r}:\n{listing}{more}",
+                stacklevel=2,
+            )
+            skipped = tuple(paths[i] for i in bad)
+            keep = np.ones(len(paths), bool)
+            keep[bad] = False
+            paths = [p for p, k in zip(paths, keep) if k]
+            labels = [label for label, k in zip(labels, keep) if k]
+    counts = np.bincount(labels, minlength=len(class_names))
+    empty = [os.path.join(directory, class_names[i]) for i in np.flatnonzero(counts == 0)]
+    if empty:
+        raise ValueError(
+            f"Class folder(s) {empty} hold no {'readable ' if skipped else ''}image files "
+            f"({', '.join(extensions)}); an empty folder would add a class that "
+            f"never occurs. Received: directory={directory!r}"
+        )
+    files = tf.data.Dataset.from_tensor_slices({"path": paths, "label": tf.constant(labels, tf.int64)})
+
+    @tf.autograph.experimental.do_not_convert
+    def read(example):
+        return {"image": tf.io.read_file(example["path"]), "label": example["label"]}
+
+    def shuffled(seed):
+        # A full shuffle of the file names (cheap: strings), before any
+        # file is read; sorted folders would otherwise give batches of one
+        # class from a shuffle buffer smaller than the folder.
+        order = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+        return order.map(read, num_parallel_calls=tf.data.AUTOTUNE)
+
+    return DataSource(
+        dataset=files.map(read, num_parallel_calls=tf.data.AUTOTUNE),
+        num_classes=len(class_names),
+        num_examples=len(paths),
+        class_names=class_names,
+        decode=ops.decode_image,
+        name=directory,
+        shuffled=shuffled,
+        skipped=skipped,
+    )
