@@ -17,10 +17,12 @@ import keras
 
 from keras_vit import layers as vit_layers
 
-_BLOCK = re.compile(r"^encoderblock_(\d+)$")
-# Hybrid ResNet units: the checkpoint's `block{s}/unit{u}/conv1` (Keras names
-# cannot hold "/").
-_RESNET_UNIT = re.compile(r"^block(\d+)_unit(\d+)_conv1$")
+# The layer names the builder gives, read here and by the checkpoint mapping
+# (`keras_vit.weights.npz`): one definition of each.
+BLOCK_NAME = re.compile(r"^encoderblock_(\d+)$")
+# Hybrid ResNet layers: the checkpoint's `block{s}/unit{u}/conv1` is the layer
+# `block{s}_unit{u}_conv1` (Keras names cannot hold "/").
+RESNET_LAYER_NAME = re.compile(r"^block(\d+)_unit(\d+)_(conv[123]|conv_proj|gn[123]|gn_proj)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,7 +113,7 @@ def get_layer(model, name, kind=None):
 def _block_names(model):
     found = {}
     for layer in getattr(model, "layers", ()):
-        match = _BLOCK.match(layer.name)
+        match = BLOCK_NAME.match(layer.name)
         if match and isinstance(layer, vit_layers.TransformerEncoderBlock):
             found[int(match.group(1))] = layer.name
     if not found or sorted(found) != list(range(len(found))):
@@ -131,8 +133,8 @@ def _resnet(model):
         return None, None
     units = {}
     for name in layers:
-        match = _RESNET_UNIT.match(name)
-        if match:
+        match = RESNET_LAYER_NAME.match(name)
+        if match and match.group(3) == "conv1":
             stage, unit = int(match.group(1)), int(match.group(2))
             units[stage] = max(units.get(stage, 0), unit)
     return tuple(units[s] for s in sorted(units)), root.kernel.shape[-1]

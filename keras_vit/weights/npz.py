@@ -24,7 +24,7 @@ import zlib
 import keras
 import numpy as np
 
-from keras_vit.anatomy import anatomy
+from keras_vit.anatomy import BLOCK_NAME, RESNET_LAYER_NAME, anatomy
 from keras_vit.layers.position_embedding import (
     infer_square_grid,
     resample_position_embedding,
@@ -40,11 +40,7 @@ logger = logging.getLogger("keras_vit")
 POSEMB_KEY = "Transformer/posembed_input/pos_embedding"
 # Extra key written by `export_npz` for grids that cannot be inferred.
 GRID_KEY = "keras_vit/posemb_grid"
-_BLOCK = re.compile(r"^encoderblock_(\d+)$")
 _GROUP_NORM = re.compile(r"(^|/)gn(_root|_proj|\d+)/(scale|bias)$")
-# Hybrid ResNet layers: Keras names cannot hold "/", so the checkpoint's
-# `block1/unit1/conv1` is the layer `block1_unit1_conv1`.
-_RESNET_LAYER = re.compile(r"^(block\d+)_(unit\d+)_(conv[123]|conv_proj|gn[123]|gn_proj)$")
 # Flax Linen renumbers a block's sub-modules per class; the files number them
 # with one counter per block (flax `convert_pre_linen`).
 _LINEN_TO_FILE = {
@@ -93,18 +89,18 @@ def checkpoint_variables(model):
             mapping["cls"] = layer.cls
         elif isinstance(layer, vit_layers.AddPositionEmbedding):
             mapping[POSEMB_KEY] = layer.pos_embedding
-        elif isinstance(layer, vit_layers.TransformerEncoderBlock) and _BLOCK.match(name):
+        elif isinstance(layer, vit_layers.TransformerEncoderBlock) and BLOCK_NAME.match(name):
             mapping.update(_encoder_block(f"Transformer/{name}", layer))
         elif name == "encoder_norm":
             mapping.update(_norm("Transformer/encoder_norm", layer))
         elif name in ("pre_logits", "head") and isinstance(layer, keras.layers.Dense):
             mapping.update(_dense(name, layer))
         elif isinstance(layer, vit_layers.StdConv2D) and (
-            name == "conv_root" or _RESNET_LAYER.match(name)
+            name == "conv_root" or RESNET_LAYER_NAME.match(name)
         ):
             mapping[f"{_resnet_key(name)}/kernel"] = layer.kernel
         elif isinstance(layer, keras.layers.GroupNormalization) and (
-            name == "gn_root" or _RESNET_LAYER.match(name)
+            name == "gn_root" or RESNET_LAYER_NAME.match(name)
         ):
             mapping.update(_norm(_resnet_key(name), layer))
     if "embedding/kernel" not in mapping or POSEMB_KEY not in mapping:
@@ -117,8 +113,11 @@ def checkpoint_variables(model):
 
 def _resnet_key(layer_name):
     """`block1_unit1_conv1` -> `block1/unit1/conv1`; root names are unchanged."""
-    match = _RESNET_LAYER.match(layer_name)
-    return "/".join(match.groups()) if match else layer_name
+    match = RESNET_LAYER_NAME.match(layer_name)
+    if not match:
+        return layer_name
+    stage, unit, part = match.groups()
+    return f"block{stage}/unit{unit}/{part}"
 
 
 class _Member:
@@ -263,7 +262,7 @@ def canonical_keys(arrays, path="<arrays>"):
         renamed = {}
         for key, value in arrays.items():
             parts = key.split("/")
-            if len(parts) > 2 and _BLOCK.match(parts[1]):
+            if len(parts) > 2 and BLOCK_NAME.match(parts[1]):
                 parts[2] = _LINEN_TO_FILE.get(parts[2], parts[2])
             renamed["/".join(parts)] = value
         arrays = renamed
