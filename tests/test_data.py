@@ -12,6 +12,7 @@ import tensorflow_datasets as tfds
 import keras_vit
 from keras_vit.data import augment
 from keras_vit.data import ops
+from keras_vit.data import padding
 from keras_vit.data import pipelines
 from keras_vit.data import sources
 
@@ -445,6 +446,38 @@ def test_pipeline_argument_errors(folder):
         keras_vit.data.finetune_pipeline(source, training=True, batch_size=0)
     with pytest.raises(TypeError, match=r"Received: source="):
         keras_vit.data.finetune_pipeline("cifar10", training=True, batch_size=2)
+
+
+def test_argument_errors_name_the_argument_and_value(folder):
+    # One helper (keras_vit/data/_checks.py) behind every check: "`name`
+    # must be ... Received: name=value".
+    source = keras_vit.data.from_directory(folder[0])
+    finetune = dict(source=source, training=True, batch_size=2)
+    cases = [
+        (lambda: keras_vit.data.finetune_pipeline(**finetune | {"training": 1}), "training", "1", "a bool"),
+        (lambda: keras_vit.data.finetune_pipeline(**finetune | {"cache": "yes"}), "cache", "'yes'",
+         "'auto', True or False"),
+        (lambda: keras_vit.data.finetune_pipeline(**finetune, flip="no"), "flip", "'no'", "a bool"),
+        (lambda: keras_vit.data.finetune_pipeline(**finetune, shuffle_buffer=2.0), "shuffle_buffer", "2.0",
+         "a positive int"),
+        (lambda: keras_vit.data.finetune_pipeline(
+            **finetune, image_size=16, augmentation="resize_crop", resize_size=8),
+         "resize_size", "8", "at least image_size=16"),
+        (lambda: keras_vit.data.pretrain_pipeline(**finetune, mixup_alpha=-0.5), "mixup_alpha", "-0.5",
+         "a number >= 0"),
+        (lambda: keras_vit.data.pretrain_pipeline(**finetune, randaugment=2), "randaugment", "2",
+         "None or \\(num_layers, magnitude\\)"),
+        (lambda: keras_vit.data.from_directory(folder[0], check_images="no"), "check_images", "'no'", "a bool"),
+        (lambda: keras_vit.data.vtab.vtab_pipeline("dtd", "train", batch_size=2), "split", "'train'", "one of"),
+        (lambda: ops.inception_crop(tf.zeros((8, 8, 3)), area_range=(0.5, 0.1)), "area_range",
+         "\\(0.5, 0.1\\)", "a pair \\(min, max\\)"),
+        (lambda: augment.mixup(tf.zeros((2, 1)), tf.zeros((2, 1)), 0), "alpha", "0", "a number > 0"),
+        (lambda: padding.pad_batches(source.dataset, True), "batch_size", "True",
+         "a positive int"),
+    ]
+    for build, name, value, requirement in cases:
+        with pytest.raises(ValueError, match=rf"^`{name}` must be {requirement}.*Received: {name}={value}$"):
+            build()
 
 
 def test_pipeline_feeds_fit_on_active_backend(folder):

@@ -8,11 +8,10 @@ inside `tf.data.Dataset.map`; `mixup` works on a batch.
 """
 
 import math
-import numbers
 
 import tensorflow as tf
 
-from keras_vit.data.ops import _is_int
+from keras_vit.data import _checks
 from keras_vit.data.ops import to_uint8
 
 
@@ -281,10 +280,8 @@ def randaugment(image, num_layers=2, magnitude=10):
     Returns:
         The augmented uint8 image.
     """
-    if not _is_int(num_layers) or num_layers < 0:
-        raise ValueError(f"`num_layers` must be an int >= 0. Received: num_layers={num_layers!r}")
-    if not isinstance(magnitude, numbers.Real) or isinstance(magnitude, bool) or magnitude < 0:
-        raise ValueError(f"`magnitude` must be a number >= 0. Received: magnitude={magnitude!r}")
+    _checks.integer(num_layers, "num_layers", minimum=0)
+    _checks.number(magnitude, "magnitude")
     if image.dtype != tf.uint8:
         raise ValueError(
             f"RandAugment works on uint8 images (as the original). Received: image.dtype={image.dtype.name}"
@@ -324,8 +321,7 @@ def mixup(images, labels, alpha):
     Returns:
         `(images, labels)` mixed.
     """
-    if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or alpha <= 0:
-        raise ValueError(f"`alpha` must be a number > 0. Received: alpha={alpha!r}")
+    _checks.number(alpha, "alpha", strict=True)
     g1 = tf.random.gamma([], alpha)
     g2 = tf.random.gamma([], alpha)
     total = g1 + g2

@@ -17,10 +17,10 @@ Sources of the numbers:
 """
 
 import math
-import numbers
 
 import tensorflow as tf
 
+from keras_vit.data import _checks
 from keras_vit.preprocessing import scale_pixels
 
 # vit_jax and big_vision: area 5 % - 100 %; the aspect ratio range is
@@ -28,44 +28,6 @@ from keras_vit.preprocessing import scale_pixels
 INCEPTION_AREA_RANGE = (0.05, 1.0)
 INCEPTION_ASPECT_RATIO_RANGE = (0.75, 1.33)
 INCEPTION_MAX_ATTEMPTS = 100
-
-
-# ---------------------------------------------------------------------------
-# Argument checks (run in Python, when the pipeline is built).
-# ---------------------------------------------------------------------------
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _size_pair(size, name="size"):
-    """Returns `(height, width)` from an int or a pair of positive ints."""
-    if _is_int(size):
-        pair = (size, size)
-    elif isinstance(size, (tuple, list)) and len(size) == 2 and all(_is_int(s) for s in size):
-        pair = tuple(size)
-    else:
-        pair = None
-    if pair is None or min(pair) <= 0:
-        raise ValueError(
-            f"`{name}` must be a positive int or a pair (height, width) of "
-            f"positive ints. Received: {name}={size!r}"
-        )
-    return int(pair[0]), int(pair[1])
-
-
-def _check_range(value, name, low, high):
-    try:
-        pair = tuple(float(v) for v in value)
-    except TypeError:
-        pair = ()
-    if len(pair) != 2 or not (low <= pair[0] <= pair[1] <= high):
-        raise ValueError(
-            f"`{name}` must be a pair (min, max) with {low} <= min <= max <= "
-            f"{high}. Received: {name}={value!r}"
-        )
-    return pair
 
 
 # ---------------------------------------------------------------------------
@@ -120,8 +82,8 @@ def inception_crop(
         float32 `(height, width, C)` when `size` is given (as
         `tf.image.resize` returns), else the crop in the input dtype.
     """
-    area_range = _check_range(area_range, "area_range", 0.0, 1.0)
-    aspect_ratio_range = _check_range(aspect_ratio_range, "aspect_ratio_range", 0.0, math.inf)
+    area_range = _checks.value_range(area_range, "area_range", 0.0, 1.0)
+    aspect_ratio_range = _checks.value_range(aspect_ratio_range, "aspect_ratio_range", 0.0, math.inf)
     channels = image.shape[-1]
     begin, crop_size, _ = tf.image.sample_distorted_bounding_box(
         tf.shape(image),
@@ -145,7 +107,7 @@ def resize(image, size, method="bilinear", antialias=False):
 
     vit_jax's fine-tuning eval resizes straight to the crop size this way.
     """
-    height, width = _size_pair(size)
+    height, width = _checks.size_pair(size)
     return tf.image.resize(image, (height, width), method=method, antialias=antialias)
 
 
@@ -156,10 +118,7 @@ def resize_small(image, smaller_size, method="area", antialias=False):
     `round(side * smaller_size / min(H, W))`, and the default interpolation is
     `"area"` without antialias. Returns float32.
     """
-    if not _is_int(smaller_size) or smaller_size <= 0:
-        raise ValueError(
-            f"`smaller_size` must be a positive int. Received: smaller_size={smaller_size!r}"
-        )
+    _checks.integer(smaller_size, "smaller_size")
     shape = tf.shape(image)
     height, width = shape[0], shape[1]
     factor = tf.cast(smaller_size, tf.float32) / tf.cast(tf.minimum(height, width), tf.float32)
@@ -170,7 +129,7 @@ def resize_small(image, smaller_size, method="area", antialias=False):
 
 def central_crop(image, size):
     """Crops the central `size` window; offsets are `(side - size) // 2`."""
-    height, width = _size_pair(size)
+    height, width = _checks.size_pair(size)
     shape = tf.shape(image)
     top = (shape[0] - height) // 2
     left = (shape[1] - width) // 2
@@ -179,7 +138,7 @@ def central_crop(image, size):
 
 def random_crop(image, size, seed=None):
     """Crops a `size` window at a uniformly random position."""
-    height, width = _size_pair(size)
+    height, width = _checks.size_pair(size)
     return tf.image.random_crop(image, (height, width, image.shape[-1]), seed=seed)
 
 

@@ -2,6 +2,8 @@
 
 import tensorflow as tf
 
+from keras_vit.data import _checks
+
 
 def pad_batches(dataset, batch_size):
     """`(images, labels)` batches -> `(images, labels, weights)` batches of
@@ -21,8 +23,7 @@ def pad_batches(dataset, batch_size):
         A `tf.data.Dataset` of `(images, labels, weights)`; `weights` is
         float32 `(batch_size,)`, 1 for real rows and 0 for padding.
     """
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-        raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+    batch_size = _checks.integer(batch_size, "batch_size")
 
     def pad(images, labels):
         n = tf.shape(images)[0]

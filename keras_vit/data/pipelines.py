@@ -22,10 +22,9 @@ Sources are in `keras_vit.data.sources`, RandAugment and mixup in
 `keras_vit.data.augment`.
 """
 
-import numbers
-
 import tensorflow as tf
 
+from keras_vit.data import _checks
 from keras_vit.data import augment
 from keras_vit.data import ops
 from keras_vit.data.sources import DataSource
@@ -43,24 +42,20 @@ FINETUNE_AUGMENTATIONS = ("inception_crop", "resize_crop", "resize")
 # ---------------------------------------------------------------------------
 
 
-def _check_positive_int(value, name):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-    return int(value)
-
-
 def _check_common(source, training, batch_size, image_size, cache):
+    """The arguments both pipelines take."""
     if not isinstance(source, DataSource):
-        raise TypeError(
-            "`source` must be a keras_vit.data.DataSource (from `from_tfds`, "
-            f"`from_directory` or `vtab.load_task`). Received: source={source!r}"
+        _checks.fail(
+            "source",
+            source,
+            "a keras_vit.data.DataSource (from `from_tfds`, `from_directory` or `vtab.load_task`)",
+            error=TypeError,
         )
-    if not isinstance(training, bool):
-        raise ValueError(f"`training` must be a bool. Received: training={training!r}")
-    _check_positive_int(batch_size, "batch_size")
-    _check_positive_int(image_size, "image_size")
+    _checks.boolean(training, "training")
+    _checks.integer(batch_size, "batch_size")
+    _checks.integer(image_size, "image_size")
     if cache not in ("auto", True, False):
-        raise ValueError(f"`cache` must be 'auto', True or False. Received: cache={cache!r}")
+        _checks.fail("cache", cache, "'auto', True or False")
 
 
 def _batched(
@@ -101,7 +96,7 @@ def _batched(
     if repeat:
         dataset = dataset.repeat()
     if training:
-        _check_positive_int(shuffle_buffer, "shuffle_buffer")
+        _checks.integer(shuffle_buffer, "shuffle_buffer")
         buffer = min(shuffle_buffer, n) if n else shuffle_buffer
         if buffer > 1:
             dataset = dataset.shuffle(buffer, seed=seed)
@@ -172,26 +167,19 @@ def pretrain_pipeline(
     _check_common(source, training, batch_size, image_size, cache)
     if randaugment is not None:
         try:
-            layers, magnitude = randaugment
+            layers, _ = randaugment
         except (TypeError, ValueError):
-            raise ValueError(
-                f"`randaugment` must be None or (num_layers, magnitude). Received: randaugment={randaugment!r}"
-            ) from None
+            layers = None
+        if layers is None:
+            _checks.fail("randaugment", randaugment, "None or (num_layers, magnitude)")
         if layers == 0:
             randaugment = None
-    if (
-        not isinstance(mixup_alpha, numbers.Real)
-        or isinstance(mixup_alpha, bool)
-        or mixup_alpha < 0
-    ):
-        raise ValueError(f"`mixup_alpha` must be a number >= 0. Received: mixup_alpha={mixup_alpha!r}")
+    _checks.number(mixup_alpha, "mixup_alpha")
     if resize_size is None:
         resize_size = int(round(image_size * 256 / 224))
-    _check_positive_int(resize_size, "resize_size")
+    _checks.integer(resize_size, "resize_size")
     if resize_size < image_size:
-        raise ValueError(
-            f"`resize_size` must be at least image_size={image_size}. Received: resize_size={resize_size!r}"
-        )
+        _checks.fail("resize_size", resize_size, f"at least image_size={image_size}")
 
     if training:
 
@@ -290,19 +278,13 @@ def finetune_pipeline(
         `(B, num_classes)` (mixed by a label-mixing `batch_augmentation`).
     """
     _check_common(source, training, batch_size, image_size, cache)
-    if augmentation not in FINETUNE_AUGMENTATIONS:
-        raise ValueError(
-            f"`augmentation` must be one of {FINETUNE_AUGMENTATIONS}. Received: augmentation={augmentation!r}"
-        )
-    if not isinstance(flip, bool):
-        raise ValueError(f"`flip` must be a bool. Received: flip={flip!r}")
+    _checks.one_of(augmentation, "augmentation", FINETUNE_AUGMENTATIONS)
+    _checks.boolean(flip, "flip")
     if resize_size is None:
         resize_size = int(round(image_size * 448 / 384))
-    _check_positive_int(resize_size, "resize_size")
+    _checks.integer(resize_size, "resize_size")
     if augmentation == "resize_crop" and resize_size < image_size:
-        raise ValueError(
-            f"`resize_size` must be at least image_size={image_size}. Received: resize_size={resize_size!r}"
-        )
+        _checks.fail("resize_size", resize_size, f"at least image_size={image_size}")
     layers = _augmentation_layers(batch_augmentation)
     batch_fn = None
 

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from keras_vit.data import _checks
 from keras_vit.data import ops
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -327,10 +328,9 @@ def from_directory(
     """
     directory = os.fspath(directory)
     if not tf.io.gfile.isdir(directory):
-        raise ValueError(f"`directory` is not a folder. Received: directory={directory!r}")
-    for value, arg in ((check_images, "check_images"), (skip_bad_images, "skip_bad_images")):
-        if not isinstance(value, bool):
-            raise ValueError(f"`{arg}` must be a bool. Received: {arg}={value!r}")
+        _checks.fail("directory", directory, "an existing folder")
+    _checks.boolean(check_images, "check_images")
+    _checks.boolean(skip_bad_images, "skip_bad_images")
     if skip_bad_images and not check_images:
         raise ValueError(
             "`skip_bad_images=True` needs `check_images=True` (bad images are "
@@ -351,9 +351,7 @@ def from_directory(
         class_names = tuple(found)
     else:
         if isinstance(class_names, str) or not all(isinstance(c, str) for c in class_names):
-            raise ValueError(
-                f"`class_names` must be a sequence of str. Received: class_names={class_names!r}"
-            )
+            _checks.fail("class_names", class_names, "a sequence of str")
         class_names = tuple(class_names)
         if len(set(class_names)) != len(class_names) or set(class_names) != set(found):
             missing = sorted(set(class_names) - set(found))

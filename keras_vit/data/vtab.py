@@ -33,6 +33,7 @@ from typing import Callable, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
+from keras_vit.data import _checks
 from keras_vit.data import ops
 from keras_vit.data import pipelines
 from keras_vit.data import sources
@@ -387,8 +388,7 @@ def get_task(task):
 
 def tasks_in_group(group):
     """The tasks of one group, in table order."""
-    if group not in GROUPS:
-        raise ValueError(f"`group` must be one of {GROUPS}. Received: group={group!r}")
+    _checks.one_of(group, "group", GROUPS)
     return tuple(t for t in TASKS if t.group == group)
 
 
@@ -422,8 +422,7 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
         applies the task's image transform).
     """
     task = get_task(task)
-    if split not in SPLITS:
-        raise ValueError(f"`split` must be one of {SPLITS}. Received: split={split!r}")
+    _checks.one_of(split, "split", SPLITS)
     builder = sources.tfds_builder(
         task.tfds_name,
         data_dir=data_dir,
@@ -525,11 +524,7 @@ def vtab_pipeline(
     task = get_task(task)
     if training is None:
         training = split in TRAIN_SPLITS
-    if augmentation not in pipelines.FINETUNE_AUGMENTATIONS:
-        raise ValueError(
-            f"`augmentation` must be one of {pipelines.FINETUNE_AUGMENTATIONS}. "
-            f"Received: augmentation={augmentation!r}"
-        )
+    _checks.one_of(augmentation, "augmentation", pipelines.FINETUNE_AUGMENTATIONS)
     source = load_task(task, split, data_dir=data_dir, download=download, manual_dir=manual_dir)
     return pipelines.finetune_pipeline(
         source,
@@ -548,6 +543,5 @@ def vtab_pipeline(
 
 def paper_results(model=PAPER_MODELS[0]):
     """`{task name: accuracy %}` of one model of the paper's Table 9."""
-    if model not in PAPER_MODELS:
-        raise ValueError(f"`model` must be one of {PAPER_MODELS}. Received: model={model!r}")
+    _checks.one_of(model, "model", PAPER_MODELS)
     return {t.name: t.paper[model] for t in TASKS}
