@@ -331,6 +331,34 @@ def test_finetune_eval_is_a_plain_resize(folder):
         np.testing.assert_array_equal(got, want)
 
 
+def test_eval_pad_to_batch_gives_full_weighted_batches(folder):
+    root, expected = folder  # 10 examples: batches of 4, 4 and 2 (+ 2 padding rows).
+    source = keras_vit.data.from_directory(root)
+    kwargs = dict(training=False, batch_size=4, image_size=8)
+    plain = keras_vit.data.finetune_pipeline(source, **kwargs)
+    padded = keras_vit.data.finetune_pipeline(source, pad_to_batch=True, **kwargs)
+    assert [spec.shape.as_list() for spec in padded.element_spec] == [[4, 8, 8, 3], [4, 3], [4]]
+    batches = [[t.numpy() for t in batch] for batch in padded]
+    assert len(batches) == 3
+    images, labels, weights = (np.concatenate(parts) for parts in zip(*batches))
+    np.testing.assert_array_equal(weights, [1.0] * 10 + [0.0] * 2)
+    want_images, want_labels = _batches(plain, 3)
+    np.testing.assert_array_equal(images[:10], want_images)
+    np.testing.assert_array_equal(labels[:10], want_labels)
+    assert not images[10:].any() and not labels[10:].any()
+    # The same batches as padding.pad_batches on the plain pipeline (recipes/run.py's path).
+    for got, want in zip(batches, padding.pad_batches(plain, 4)):
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b.numpy())
+    pretrain = keras_vit.data.pretrain_pipeline(source, pad_to_batch=True, **kwargs)
+    _, _, weights = list(pretrain)[-1]
+    np.testing.assert_array_equal(weights, [1.0, 1.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match=r"`pad_to_batch` must be False when training=True.*Received: pad_to_batch=True"):
+        keras_vit.data.finetune_pipeline(source, training=True, batch_size=4, pad_to_batch=True)
+    with pytest.raises(ValueError, match=r"Received: pad_to_batch='yes'"):
+        keras_vit.data.pretrain_pipeline(source, training=False, batch_size=4, pad_to_batch="yes")
+
+
 def test_pretrain_eval_resize_small_central_crop(folder):
     root, expected = folder
     source = keras_vit.data.from_directory(root)

@@ -332,6 +332,16 @@ def test_bit_switches_and_eval_is_a_plain_resize(tmp_path):
         assert np.abs(train.numpy() - evaluation.numpy()).max() > 0.01
 
 
+def test_eval_pad_to_batch(tmp_path):
+    kwargs = dict(batch_size=4, image_size=8, data_dir=tmp_path)
+    with tfds.testing.mock_data(num_examples=5):
+        batches = list(vtab.vtab_pipeline("dtd", "test", pad_to_batch=True, **kwargs))
+        with pytest.raises(ValueError, match=r"Received: pad_to_batch=True"):
+            vtab.vtab_pipeline("dtd", "train800", pad_to_batch=True, **kwargs)
+    assert [tuple(images.shape) for images, _, _ in batches] == [(4, 8, 8, 3)] * 2
+    np.testing.assert_array_equal(np.concatenate([w for _, _, w in batches]), [1.0] * 5 + [0.0] * 3)
+
+
 def test_missing_and_manual_datasets_say_what_to_do(tmp_path):
     with pytest.raises(keras_vit.data.DatasetNotAvailableError, match="download_and_prepare"):
         vtab.load_task("dtd", "train800", data_dir=tmp_path, download=False)

@@ -15,6 +15,7 @@ Modules: `sources` (tfds, image folders), `pipelines` (the batch builders),
 
 from keras_vit.data import augment
 from keras_vit.data import ops
+from keras_vit.data import padding
 from keras_vit.data import sources
 from keras_vit.data import vtab
 from keras_vit.data.pipelines import finetune_pipeline

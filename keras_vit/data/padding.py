@@ -1,4 +1,8 @@
-"""Evaluation batches of one static size, padded with weight-0 rows."""
+"""Evaluation batches of one static size, padded with weight-0 rows.
+
+The pipelines apply it with `pad_to_batch=True`; `pad_batches` pads any
+dataset of `(images, labels)` batches.
+"""
 
 import tensorflow as tf
 

@@ -27,6 +27,7 @@ import tensorflow as tf
 from keras_vit.data import _checks
 from keras_vit.data import augment
 from keras_vit.data import ops
+from keras_vit.data import padding
 from keras_vit.data.sources import DataSource
 
 # Training data up to this many examples is cached in memory (as encoded
@@ -42,7 +43,7 @@ FINETUNE_AUGMENTATIONS = ("inception_crop", "resize_crop", "resize")
 # ---------------------------------------------------------------------------
 
 
-def _check_common(source, training, batch_size, image_size, cache):
+def _check_common(source, training, batch_size, image_size, cache, pad_to_batch):
     """The arguments both pipelines take."""
     if not isinstance(source, DataSource):
         _checks.fail(
@@ -56,6 +57,9 @@ def _check_common(source, training, batch_size, image_size, cache):
     _checks.integer(image_size, "image_size")
     if cache not in ("auto", True, False):
         _checks.fail("cache", cache, "'auto', True or False")
+    _checks.boolean(pad_to_batch, "pad_to_batch")
+    if pad_to_batch and training:
+        _checks.fail("pad_to_batch", pad_to_batch, "False when training=True (training batches are all full)")
 
 
 def _batched(
@@ -69,9 +73,10 @@ def _batched(
     cache,
     seed,
     batch_fn=None,
+    pad_to_batch=False,
 ):
     """[shuffled files] -> cache -> [full reshuffle] -> repeat -> shuffle ->
-    map -> batch -> [batch_fn] -> prefetch.
+    map -> batch -> [batch_fn] -> [pad to batch_size] -> prefetch.
 
     The order of vit_jax's `get_data` (files shuffled, repeat, shuffle, map,
     batch), with the cache of task_adaptation in front. Training reads the
@@ -114,6 +119,8 @@ def _batched(
     if batch_fn is not None:
         batch_fn = tf.autograph.experimental.do_not_convert(batch_fn)
         dataset = dataset.map(batch_fn, num_parallel_calls=tf.data.AUTOTUNE)
+    if pad_to_batch:
+        dataset = padding.pad_batches(dataset, batch_size)
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
@@ -130,6 +137,7 @@ def pretrain_pipeline(
     repeat=None,
     cache="auto",
     seed=None,
+    pad_to_batch=False,
 ):
     """Pre-training batches, as big_vision's AugReg configs.
 
@@ -158,13 +166,20 @@ def pretrain_pipeline(
             or False. A cached training split is read whole before the first
             batch, then reshuffled whole every epoch.
         seed: optional int for the shuffle order (files and examples).
+        pad_to_batch: bool. Evaluation only: pad the last batch to
+            `batch_size` with weight-0 rows and yield `(images, labels,
+            weights)` (as `keras_vit.data.padding.pad_batches`): one static
+            shape for every step (one compiled function, XLA and TPU
+            friendly), batches that split evenly over replicas, and weighted
+            metrics that count the real examples only. Defaults to False.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32
         `(B, image_size, image_size, 3)` in [-1, 1] and float32
-        `(B, num_classes)`.
+        `(B, num_classes)`; with `pad_to_batch`, `(images, labels,
+        weights)`, weights float32 `(batch_size,)`, 1 for real rows.
     """
-    _check_common(source, training, batch_size, image_size, cache)
+    _check_common(source, training, batch_size, image_size, cache, pad_to_batch)
     if randaugment is not None:
         try:
             layers, _ = randaugment
@@ -211,6 +226,7 @@ def pretrain_pipeline(
         cache=cache,
         seed=seed,
         batch_fn=batch_fn,
+        pad_to_batch=pad_to_batch,
     )
 
 
@@ -228,6 +244,7 @@ def finetune_pipeline(
     cache="auto",
     seed=None,
     batch_augmentation=None,
+    pad_to_batch=False,
 ):
     """Fine-tuning batches at the target resolution.
 
@@ -271,13 +288,21 @@ def finetune_pipeline(
             `dtype="float32"` under a mixed dtype policy). Not part of the
             paper's set-up; None (the default)
             leaves the pipeline as it is. Ignored at evaluation.
+        pad_to_batch: bool. Evaluation only: pad the last batch to
+            `batch_size` with weight-0 rows and yield `(images, labels,
+            weights)` (as `keras_vit.data.padding.pad_batches`): one static
+            shape for every step (one compiled function, XLA and TPU
+            friendly), batches that split evenly over replicas, and weighted
+            metrics that count the real examples only. Defaults to False.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32
         `(B, image_size, image_size, 3)` in [-1, 1] and float32 one-hot
-        `(B, num_classes)` (mixed by a label-mixing `batch_augmentation`).
+        `(B, num_classes)` (mixed by a label-mixing `batch_augmentation`);
+        with `pad_to_batch`, `(images, labels, weights)`, weights float32
+        `(batch_size,)`, 1 for real rows and 0 for padding.
     """
-    _check_common(source, training, batch_size, image_size, cache)
+    _check_common(source, training, batch_size, image_size, cache, pad_to_batch)
     _checks.one_of(augmentation, "augmentation", FINETUNE_AUGMENTATIONS)
     _checks.boolean(flip, "flip")
     if resize_size is None:
@@ -324,6 +349,7 @@ def finetune_pipeline(
         cache=cache,
         seed=seed,
         batch_fn=batch_fn,
+        pad_to_batch=pad_to_batch,
     )
 
 

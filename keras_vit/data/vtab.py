@@ -491,6 +491,7 @@ def vtab_pipeline(
     repeat=None,
     cache="auto",
     seed=None,
+    pad_to_batch=False,
 ):
     """Batches of one VTAB task and split, as the paper's protocol.
 
@@ -513,13 +514,14 @@ def vtab_pipeline(
         resize_size: side before the random crop. Defaults to
             `image_size * 448 / 384`.
         data_dir, download, manual_dir: as `load_task`.
-        shuffle_buffer, repeat, cache, seed: as
+        shuffle_buffer, repeat, cache, seed, pad_to_batch: as
             `keras_vit.data.finetune_pipeline`.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32
         `(B, image_size, image_size, 3)` in [-1, 1] and one-hot float32
-        `(B, task.num_classes)`.
+        `(B, task.num_classes)`; with `pad_to_batch` (evaluation),
+        `(images, labels, weights)`.
     """
     task = get_task(task)
     if training is None:
@@ -538,6 +540,7 @@ def vtab_pipeline(
         repeat=repeat,
         cache=cache,
         seed=seed,
+        pad_to_batch=pad_to_batch,
     )
 
 
