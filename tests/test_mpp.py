@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.preprocessing import scale_pixels
 from keras_vit.pretraining import (
     CLEAN,
     KEPT,
@@ -124,7 +125,7 @@ def test_downsampled_and_pixel_targets():
     np.testing.assert_array_equal(cells[0, 3], [511] * 4)
     pixels = _np(patch_targets(image, (4, 4), target="pixels"))
     assert pixels.shape == (1, 4, 48)
-    scaled = uint8.astype(np.float32) / 127.5 - 1
+    scaled = scale_pixels(uint8.astype(np.float32))  # the library's one formula
     np.testing.assert_allclose(pixels[0, 1], scaled[0:4, 4:8].ravel(), atol=1e-6)
     np.testing.assert_allclose(pixels[0, 2], scaled[4:8, 0:4].ravel(), atol=1e-6)
     with pytest.raises(ValueError, match="downsample_grid=3"):
