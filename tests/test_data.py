@@ -786,6 +786,100 @@ def test_tfds_and_vtab_training_mix_a_sorted_split(tiny_tfds):
     assert len(labels) == 3 * BUFFER and _chi_square_p(labels) > 1e-3, np.bincount(labels)
 
 
+# tfds' shuffled reading (issue 13): uncached training reads the shard files
+# through `shuffle_files=True` and `ReadConfig(shuffle_seed=seed)`.
+SHARDS, SHARD_SIZE = 8, 30
+
+
+class KerasVitShardedTiny(tfds.core.GeneratorBasedBuilder):
+    """240 2x2 train images in 8 shard files of 30, stored class by class;
+    every pixel holds the example's index."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Test data."}
+
+    def _info(self):
+        return self.dataset_info_from_configs(
+            features=tfds.features.FeaturesDict({
+                "image": tfds.features.Image(shape=(2, 2, 3)),
+                "label": tfds.features.ClassLabel(num_classes=NUM_SORTED_CLASSES),
+            }),
+            disable_shuffling=True,  # An ordered dataset: tfds guards its order.
+        )
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples(SHARDS * SHARD_SIZE)}
+
+    def _generate_examples(self, n):
+        for i in range(n):
+            yield i, {"image": np.full((2, 2, 3), i, np.uint8), "label": i * NUM_SORTED_CLASSES // n}
+
+
+@pytest.fixture(scope="module")
+def sharded_tfds(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("tfds_sharded")
+    builder = tfds.builder("keras_vit_sharded_tiny", data_dir=data_dir)
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=SHARDS))
+    assert builder.info.splits["train"].shard_lengths == [SHARD_SIZE] * SHARDS
+    return keras_vit.data.from_tfds("keras_vit_sharded_tiny", "train", data_dir=data_dir, download=False)
+
+
+def _uncached_epochs(source, seed, epochs=2):
+    # No example shuffle (buffer 1) and one epoch per batch: batch k is the
+    # order in which epoch k read the files.
+    ds = keras_vit.data.finetune_pipeline(
+        source, training=True, batch_size=source.num_examples, image_size=2, augmentation="resize",
+        flip=False, shuffle_buffer=1, cache=False, seed=seed,
+    )
+    return [tuple(np.round(x.numpy()[:, 0, 0, 0] * 127.5 + 127.5).astype(int)) for x, _ in ds.take(epochs)]
+
+
+def _shard_order(ids):
+    """Shards in the order their first example is read."""
+    return tuple(dict.fromkeys(i // SHARD_SIZE for i in ids))
+
+
+def test_uncached_tfds_training_reads_shuffled_seeded_files(sharded_tfds):
+    source = sharded_tfds
+    n = source.num_examples
+    assert n == SHARDS * SHARD_SIZE
+    assert [int(ex["label"]) for ex in source.dataset] == sorted(int(ex["label"]) for ex in source.dataset)
+    first, second = _uncached_epochs(source, seed=3)
+    for epoch in (first, second):
+        assert sorted(epoch) == list(range(n))  # Every example once per epoch.
+        # Whole files in a random order: each shard's examples keep their
+        # order (files are shuffled, not examples) ...
+        for shard in range(SHARDS):
+            ids = [i for i in epoch if i // SHARD_SIZE == shard]
+            assert ids == sorted(ids)
+        assert sorted(_shard_order(epoch)) == list(range(SHARDS))
+    # ... a new order every epoch, the same sequence of orders for a seed.
+    assert _shard_order(first) != tuple(range(SHARDS)) and first != tuple(range(n))
+    assert _shard_order(first) != _shard_order(second)
+    assert _uncached_epochs(source, seed=3) == [first, second]
+    assert _shard_order(_uncached_epochs(source, seed=4, epochs=1)[0]) != _shard_order(first)
+
+
+def test_uncached_tfds_training_mixes_classes_of_an_ordered_dataset(sharded_tfds):
+    common = dict(
+        training=True, batch_size=BUFFER, image_size=2, augmentation="resize", shuffle_buffer=BUFFER,
+        cache=False, seed=0,
+    )
+    shuffled = keras_vit.data.finetune_pipeline(sharded_tfds, **common)
+    batches = [y.numpy().argmax(-1) for _, y in shuffled.take(3)]
+    in_order = keras_vit.data.finetune_pipeline(dataclasses.replace(sharded_tfds, shuffled=None), **common)
+    in_order_batches = [y.numpy().argmax(-1) for _, y in in_order.take(3)]
+    # Files in order: three batches through a buffer of 20 see examples
+    # 0-79 only, classes 0-3 (24 examples a class).
+    assert np.concatenate(in_order_batches).max() <= 3
+    # Shuffled files, interleaved by tfds (16 files at a time, blocks of 16
+    # examples), fill the buffer from several files at once, later ones
+    # included. (Ordered datasets mix no further: tfds shuffles the others'
+    # examples across files when it prepares them.)
+    labels = np.concatenate(batches)
+    assert len(set(labels)) >= 4 and labels.max() >= 4, batches
+
+
 def test_failed_preparation_gives_the_cause_first(tmp_path):
     with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
         keras_vit.data.from_tfds("keras_vit_broken_prepare", data_dir=tmp_path)

@@ -167,7 +167,10 @@ def tfds_reader(builder, split, decoders):
     def read(seed=None, shuffle=False):
         read_config = None
         if shuffle:
-            read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False)
+            # An ordered dataset (`disable_shuffling=True`: class by class,
+            # say) refuses shuffled reads unless its ordering guard is off;
+            # training wants exactly that shuffle.
+            read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False, enable_ordering_guard=False)
         return builder.as_dataset(
             split=split, decoders=decoders, shuffle_files=shuffle, read_config=read_config
         )
