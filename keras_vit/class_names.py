@@ -37,38 +37,53 @@ def _read_names(path):
         return [line.split(",")[0].strip() for line in f.read().splitlines() if line.strip()]
 
 
-def imagenet21k_class_names(path=None):
-    """The 21,843 ImageNet-21k class names, in the order of the original heads.
-
-    Args:
-        path: a local copy of `imagenet21k_wordnet_lemmas.txt` (one class per
-            line, comma-separated lemmas, the first is the name). None
-            downloads it once from the BiT release into the weights cache.
-
-    Returns:
-        A list of 21,843 names.
-    """
-    if path is None:
-        from keras_vit.weights import cache
-
-        try:
-            path = cache.fetch(
-                "bit_models/imagenet21k_wordnet_lemmas.txt", origin=IMAGENET21K_NAMES_URL
-            )
-        except Exception as e:
-            raise ValueError(
-                "No ImageNet-21k class names: the download of "
-                f"{IMAGENET21K_NAMES_URL} failed ({type(e).__name__}: {e}). Pass "
-                "`class_names=` a list of names or the path of a text file with "
-                "one class per line. Received: class_names=None"
-            ) from e
+def _imagenet21k_names(path):
+    """The names in `path`; `ValueError` unless it is a names file (the
+    validator of the download: an error page or a partial file is never
+    cached)."""
     names = _read_names(path)
+    if names and names[0].lstrip().lower().startswith(("<!doctype", "<html")):
+        raise ValueError(f"{path!r} is an HTML page, not a names file. Received: path={path!r}")
     if len(names) != IMAGENET21K_CLASSES:
         raise ValueError(
             f"An ImageNet-21k names file has {IMAGENET21K_CLASSES} lines; "
             f"{path!r} has {len(names)}. Received: path={path!r}"
         )
     return names
+
+
+def imagenet21k_class_names(path=None):
+    """The 21,843 ImageNet-21k class names, in the order of the original heads.
+
+    Args:
+        path: a local copy of `imagenet21k_wordnet_lemmas.txt` (one class per
+            line, comma-separated lemmas, the first is the name). None
+            downloads it once from the BiT release into the weights cache,
+            where only a file of 21,843 names is kept (a cached copy that is
+            not is reported, deleted and downloaded again, once).
+
+    Returns:
+        A list of 21,843 names.
+    """
+    if path is not None:
+        return _imagenet21k_names(path)
+    from keras_vit.weights import cache
+
+    read = []  # what the validator read, so the file is read once
+    try:
+        cache.fetch(
+            "bit_models/imagenet21k_wordnet_lemmas.txt",
+            validate=lambda p: read.append(_imagenet21k_names(p)),
+            origin=IMAGENET21K_NAMES_URL,
+        )
+    except Exception as e:
+        raise ValueError(
+            "No ImageNet-21k class names: the download of "
+            f"{IMAGENET21K_NAMES_URL} failed ({type(e).__name__}: {e}). Pass "
+            "`class_names=` a list of names or the path of a text file with "
+            "one class per line. Received: class_names=None"
+        ) from e
+    return read[-1]
 
 
 def _class_names(class_names, num_classes):

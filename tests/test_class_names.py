@@ -2,6 +2,8 @@
 file or a loopback download, `decode_predictions`."""
 
 import importlib.resources
+import logging
+import os
 import pathlib
 
 import keras
@@ -10,6 +12,7 @@ import pytest
 
 import keras_vit
 from keras_vit import class_names
+from tests.test_weights import bucket  # noqa: F401  (a fixture)
 
 
 def test_imagenet2012_names_of_known_indices():
@@ -102,3 +105,62 @@ def test_imagenet21k_names_missing_is_a_clear_error(local_bucket, monkeypatch, t
     short = _lemma_file(tmp_path / "short.txt", 5)
     with pytest.raises(ValueError, match="has 5"):
         class_names.imagenet21k_class_names(short)
+
+
+# The download through the weights cache, with a server's faults (the
+# loopback `bucket` fixture of tests/test_weights.py).
+LEMMAS = "bit_models/imagenet21k_wordnet_lemmas.txt"
+
+
+def _lemma_bytes(count=class_names.IMAGENET21K_CLASSES):
+    return "".join(f"class{i}, lemma{i}\n" for i in range(count)).encode()
+
+
+def _served(bucket, monkeypatch, data, fault=None):
+    bucket.files["lemmas.txt"] = data
+    if fault:
+        bucket.faults["lemmas.txt"] = fault
+    monkeypatch.setattr(class_names, "IMAGENET21K_NAMES_URL", f"{bucket.url}/lemmas.txt")
+    return pathlib.Path(os.environ["KERAS_VIT_CACHE_DIR"]) / "models" / "keras_vit"
+
+
+@pytest.mark.parametrize("fault, match", [
+    ("html", r"is an HTML page"),
+    ("truncated", r"has 21843 lines; .* has 11405\."),
+])
+def test_imagenet21k_bad_download_is_never_cached(bucket, monkeypatch, fault, match):
+    # Before: no validator, the page or half file was cached and every later
+    # call failed with "has N" until the file was deleted by hand.
+    cache_dir = _served(bucket, monkeypatch, _lemma_bytes(), fault)
+    with pytest.raises(ValueError, match=rf"(?s)No ImageNet-21k class names: .*is invalid.*{match}.*Nothing was cached"):
+        class_names.imagenet21k_class_names()
+    assert sorted(p.name for p in cache_dir.iterdir()) == [f"{LEMMAS.replace('/', '__')}.lock"]
+    del bucket.faults["lemmas.txt"]
+    names = class_names.imagenet21k_class_names()
+    assert (len(names), names[0], names[-1]) == (21843, "class0", "class21842")
+    assert bucket.requests == ["lemmas.txt", "lemmas.txt"]
+
+
+@pytest.mark.parametrize("cached", ["partial", "html"])
+def test_imagenet21k_bad_cached_copy_is_reported_deleted_and_downloaded_once(
+    bucket, monkeypatch, caplog, cached
+):
+    good = _lemma_bytes()
+    bad = good[:5000] if cached == "partial" else b"<!DOCTYPE html>\n<html>Quota exceeded</html>\n"
+    cache_dir = _served(bucket, monkeypatch, good)
+    path = cache_dir / LEMMAS.replace("/", "__")
+    cache_dir.mkdir(parents=True)
+    path.write_bytes(bad)
+    path.chmod(0o644)
+    with caplog.at_level(logging.WARNING, logger="keras_vit"):
+        assert class_names.imagenet21k_class_names()[21842] == "class21842"
+    assert f"The cached file {str(path)!r} is invalid" in caplog.text
+    assert "downloading it again" in caplog.text
+    assert path.read_bytes() == good and bucket.requests == ["lemmas.txt"]
+    # A server that serves a bad file too: one more download, then an error.
+    path.write_bytes(bad)
+    pathlib.Path(f"{path}.sha256").unlink()
+    bucket.files["lemmas.txt"] = bad
+    with pytest.raises(ValueError, match="(?s)downloaded from .* is invalid.* Nothing was cached"):
+        class_names.imagenet21k_class_names()
+    assert len(bucket.requests) == 2 and not path.exists()
