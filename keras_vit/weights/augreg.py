@@ -13,7 +13,6 @@ import math
 import os
 
 from keras_vit import variants
-from keras_vit.weights import registry
 
 COLUMNS = (
     "name", "ds", "epochs", "lr", "aug", "wd", "do", "sd", "best_val",
