@@ -440,6 +440,56 @@ def test_batch_augmentation_keras_layers(folder):
     assert np.abs(images[mixed] - plain[mixed]).max() > 0.1  # The images of mixed rows too.
 
 
+def test_batch_augmentation_cutmix_mixes_labels_by_patch_area(folder):
+    # Issue 17: CutMix (Keras' `transform_labels`) through the pipeline.
+    source = keras_vit.data.from_directory(folder[0])
+    plain, plain_labels = _augmented(source, None, n=5)
+    images, labels = _augmented(source, keras.layers.CutMix(factor=1.0, seed=1), n=5)
+    _check_train_batches(images, labels)  # Rows still sum to 1.
+    assert labels.min() >= 0.0
+    mixed = labels.max(-1) < 0.99
+    assert mixed.any() and not mixed.all(), labels  # Some rows are no longer one-hot.
+    checked = 0
+    for i in np.flatnonzero(mixed):
+        # The changed pixels are one rectangle, pasted from another image of
+        # the same batch (the colours of different classes differ everywhere).
+        changed = np.abs(images[i] - plain[i]).max(-1) > 1e-6
+        rows, cols = np.flatnonzero(changed.any(1)), np.flatnonzero(changed.any(0))
+        assert changed[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1].all()
+        batch = slice(i // 4 * 4, i // 4 * 4 + 4)
+        assert any(np.allclose(images[i][changed], other[changed], atol=1e-6) for other in plain[batch])
+        # The label keeps 1 - (patch area) of its own class (up to the
+        # patch's pixel rounding).
+        own = labels[i, plain_labels[i].argmax()]
+        assert abs((1.0 - changed.mean()) - own) < 0.15, (own, changed.mean())
+        checked += 1
+    assert checked
+
+
+def test_batch_augmentation_calls_augment_labels_layers_with_the_labels(folder):
+    # Issue 17: keras-cv style layers (an `augment_labels` method) get and
+    # return {"images", "labels"}; the returned labels are the batch's.
+    calls = []
+
+    class LabelStub(_Identity):
+        name = "label_stub"
+
+        def augment_labels(self, labels, transformation=None):
+            return labels
+
+        def __call__(self, inputs):
+            calls.append(inputs)
+            return {"images": inputs["images"], "labels": tf.reverse(inputs["labels"], [1])}
+
+    source = keras_vit.data.from_directory(folder[0])
+    plain, plain_labels = _augmented(source, None)
+    images, labels = _augmented(source, LabelStub())
+    assert calls and all(isinstance(c, dict) and set(c) == {"images", "labels"} for c in calls)
+    assert calls[0]["labels"].dtype == tf.float32 and calls[0]["labels"].shape[-1] == 3
+    np.testing.assert_array_equal(images, plain)
+    np.testing.assert_array_equal(labels, plain_labels[:, ::-1])  # The one-hot labels went in and back.
+
+
 def test_batch_augmentation_errors_name_the_layer(folder):
     source = keras_vit.data.from_directory(folder[0])
     with pytest.raises(ValueError, match=r"Received: batch_augmentation=\['RandAugment'\]"):
