@@ -751,6 +751,21 @@ def test_cache_refuses_files_others_own_or_can_write(bucket, tmp_path):
     path.chmod(0o666)
     with pytest.raises(PermissionError, match="writable by every user"):
         fetch_into(model)
+    # Group-writable too (before: accepted): whether the group has other
+    # members cannot be checked portably. The error names the fix.
+    record = pathlib.Path(f"{path}.sha256")
+    for target in (path, record):
+        path.chmod(0o644)
+        record.chmod(0o644)
+        target.chmod(0o664)
+        with pytest.raises(PermissionError) as error:
+            fetch_into(model)
+        assert str(error.value) == (
+            f"The keras_vit {'cached file' if target == path else 'hash record'} "
+            f"{str(target)!r} is writable by its group (mode -rw-rw-r--), so it is "
+            f"not trusted. Run `chmod g-w,o-w {target}`, or delete it."
+        )
+    record.chmod(0o600)
     path.chmod(0o644)
     path.parent.chmod(0o777)
     with pytest.raises(PermissionError, match="cache directory .* writable by every user"):
@@ -761,6 +776,55 @@ def test_cache_refuses_files_others_own_or_can_write(bucket, tmp_path):
         with pytest.raises(PermissionError, match=r"owned by another user \(uid 4242\)"):
             fetch_into(model)
     assert path.exists() and len(bucket.requests) == 1  # Refused, not deleted.
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
+def test_files_the_cache_writes_are_writable_by_their_owner_only(bucket, tmp_path):
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    umask = os.umask(0)  # The loosest: files would be created 0o666.
+    try:
+        fetch_into(model)
+        # Refreshed (replaced) and re-recorded: the same modes.
+        cache.fetch(BUCKET_PATH, validate=lambda p: prepare_npz(model, p), refresh=True)
+    finally:
+        os.umask(umask)
+    path = cached_path(tmp_path)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.parent.iterdir()}
+    assert modes == {path.name: 0o644, f"{path.name}.sha256": 0o600, f"{path.name}.lock": 0o600}
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755  # Before: 0o777, then refused.
+    assert fetch_into(model) == str(path) and len(bucket.requests) == 2  # Accepted, cached.
+
+
+@pytest.mark.parametrize("fault", ["html", "truncated", "missing"])
+def test_failed_refresh_keeps_the_cached_file(bucket, tmp_path, fault):
+    # Before: `refresh=True` deleted the cached file first, so a failed
+    # download left nothing.
+    model = tiny()
+    good = npz_bytes(tmp_path, randomize_weights(tiny(), seed=1))
+    bucket.files[BUCKET_PATH] = good
+    fetch_into(model)
+    record = pathlib.Path(f"{cached_path(tmp_path)}.sha256")
+    recorded = record.read_text()
+    newer = npz_bytes(tmp_path, randomize_weights(tiny(), seed=2), "newer.npz")
+    if fault == "missing":
+        del bucket.files[BUCKET_PATH]
+    else:
+        bucket.files[BUCKET_PATH] = newer
+        bucket.faults[BUCKET_PATH] = fault
+    with pytest.raises(Exception, match="404|is invalid.* Nothing was cached"):
+        cache.fetch(BUCKET_PATH, validate=lambda p: prepare_npz(model, p), refresh=True)
+    assert cached_path(tmp_path).read_bytes() == good and record.read_text() == recorded
+    assert len(bucket.requests) == 2
+    assert fetch_into(model) == str(cached_path(tmp_path))  # Still valid: no request.
+    assert len(bucket.requests) == 2
+    assert not [p for p in cached_path(tmp_path).parent.iterdir() if ".partial-" in p.name]
+    # A refresh that succeeds replaces the file and its record.
+    bucket.files[BUCKET_PATH] = newer
+    bucket.faults.clear()
+    cache.fetch(BUCKET_PATH, validate=lambda p: prepare_npz(model, p), refresh=True)
+    assert cached_path(tmp_path).read_bytes() == newer
+    assert record.read_text().split()[0] == hashlib.sha256(newer).hexdigest()
 
 
 FETCH_IN_A_PROCESS = """
@@ -798,6 +862,55 @@ def test_two_processes_share_one_download(bucket, tmp_path):
     assert sum("Waiting for another process" in out for out in outputs) == 1, outputs
     assert bucket.requests == [BUCKET_PATH]
     assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+
+
+FETCH_AND_BE_KILLED = """
+from keras_vit.weights import cache, read_npz
+cache.fetch("augreg/tiny.npz", validate=read_npz)
+print("FINISHED")
+"""
+
+
+def test_download_killed_midway_leaves_nothing_behind(bucket, tmp_path):
+    # A fetch SIGKILLed mid-download leaves its `.NAME.partial-*` directory;
+    # the next fetch deletes it and downloads a valid file.
+    source = randomize_weights(tiny())
+    data = bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
+    bucket.chunk_delay = 0.2  # 4 KiB every 0.2 s: several seconds in all.
+    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", FETCH_AND_BE_KILLED], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    directory = cached_path(tmp_path).parent
+    deadline = time.monotonic() + 120  # Importing keras on a busy machine.
+    try:
+        while True:
+            assert process.poll() is None, process.communicate()[0]
+            assert time.monotonic() < deadline, "the download did not start"
+            received = [
+                f.stat().st_size
+                for d in (directory.glob(".augreg__tiny.npz.partial-*") if directory.exists() else [])
+                for f in d.iterdir()
+            ]
+            if received and 0 < received[0] < len(data):
+                break
+            time.sleep(0.02)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        output = process.communicate()[0]
+    assert process.returncode == -signal.SIGKILL and "FINISHED" not in output
+    left = sorted(p.name for p in directory.iterdir())
+    assert len(left) == 2 and left[0].startswith(".augreg__tiny.npz.partial-"), left
+    assert left[1] == "augreg__tiny.npz.lock"  # Nothing entered the cache.
+    bucket.chunk_delay = 0.0
+    path = cache.fetch(BUCKET_PATH, validate=read_npz)
+    assert pathlib.Path(path).read_bytes() == data
+    assert len(read_npz(path)) == len(checkpoint_variables(source))
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "augreg__tiny.npz", "augreg__tiny.npz.lock", "augreg__tiny.npz.sha256"
+    ]
+    assert bucket.requests == [BUCKET_PATH, BUCKET_PATH]
 
 
 # --- Same numbers on every backend -------------------------------------------

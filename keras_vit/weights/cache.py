@@ -6,7 +6,12 @@ What the cache trusts, and why:
   `get_file` falls back to a shared folder in the system temporary directory
   when that is not writable, where another local user could plant a file;
   here an unusable directory is an error that names it.
-- Only files owned by the current user and not writable by others (POSIX).
+- Only files owned by the current user and writable by no one else: a
+  cached file (or its hash record) that its group or every user may write
+  is refused with an error naming it and the `chmod g-w,o-w` fix (POSIX).
+  Files this module writes are created `0o644` at most, whatever the umask.
+  The directory may be group-writable (a umask of 002 makes it so) but not
+  world-writable: a file another user puts there is refused as not ours.
 - A file enters the cache only after it was downloaded completely (to a
   temporary name in the cache directory) and passed its validator, by an
   atomic rename. A per-file lock makes concurrent processes wait for one
@@ -15,12 +20,17 @@ What the cache trusts, and why:
   recorded after its first verified download and checked on every later use
   (trust on first use): a cached file that changed, or that fails its
   validator, is reported, deleted and downloaded again, once.
+- `refresh=True` replaces a cached file only once the new download passed
+  its validator: a failed refresh raises and keeps the old file.
+- The temporary directory of a download killed mid-way
+  (`.NAME.partial-*`) is deleted by the next fetch of that file.
 """
 
 import contextlib
 import hashlib
 import logging
 import os
+import shlex
 import shutil
 import stat
 import tempfile
@@ -73,7 +83,9 @@ def fetch(bucket_path, validate=None, origin=None, refresh=False):
             (e.g. BiT's ImageNet-21k class names). Defaults to
             `registry.url(bucket_path)`.
         refresh: download again even when a valid copy is cached (for files
-            that change upstream, such as the AugReg index).
+            that change upstream, such as the AugReg index). The cached copy
+            is replaced only by a download that passed `validate`; when the
+            download fails, the error is raised and the old copy stays.
 
     Returns:
         The path of the cached file.
@@ -86,11 +98,9 @@ def fetch(bucket_path, validate=None, origin=None, refresh=False):
         for entry in os.scandir(directory):  # Left by a killed download.
             if entry.name.startswith(f".{name}.partial-"):
                 shutil.rmtree(entry.path, ignore_errors=True)
-        if refresh:
-            for stale in (path, _record_path(path)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(stale)
-        if os.path.exists(path):
+        # With `refresh`, the cached copy stays until `_download` replaces it
+        # with a validated one (by an atomic rename).
+        if not refresh and os.path.exists(path):
             try:
                 _check_cached(path, validate)
                 return path
@@ -107,7 +117,8 @@ def _own_directory(directory):
     """Creates `directory` if needed; refuses one we cannot use or trust."""
     hint = "Set KERAS_VIT_CACHE_DIR to a directory of yours."
     try:
-        os.makedirs(directory, exist_ok=True)
+        # Created writable by its owner only, whatever the umask.
+        os.makedirs(directory, mode=0o755, exist_ok=True)
     except OSError as e:
         raise PermissionError(
             f"Cannot create the keras_vit cache directory {directory!r} ({e}). {hint}"
@@ -120,17 +131,24 @@ def _own_directory(directory):
     return directory
 
 
-def _check_owner(path, what, hint):
-    """Refuses a file or directory of another user, or one others can write."""
+def _check_owner(path, what, hint, group=False):
+    """Refuses a file or directory of another user, or one others can write
+    (with `group`, its group too: whether the group has other members
+    cannot be checked portably)."""
     if os.name != "posix":
         return
     info = os.stat(path)
+    mode = stat.filemode(info.st_mode)
     if info.st_uid != os.getuid():
         problem = f"is owned by another user (uid {info.st_uid})"
     elif info.st_mode & stat.S_IWOTH:
-        problem = f"is writable by every user (mode {stat.filemode(info.st_mode)})"
+        problem = f"is writable by every user (mode {mode})"
+    elif group and info.st_mode & stat.S_IWGRP:
+        problem = f"is writable by its group (mode {mode})"
     else:
         return
+    if info.st_uid == os.getuid() and group:
+        hint = f"Run `chmod g-w,o-w {shlex.quote(path)}`, or delete it."
     raise PermissionError(f"The keras_vit {what} {path!r} {problem}, so it is not trusted. {hint}")
 
 
@@ -148,11 +166,11 @@ def _sha256(path):
 
 def _check_cached(path, validate):
     hint = "Delete it, or set KERAS_VIT_CACHE_DIR to a directory of yours."
-    _check_owner(path, "cached file", hint)
+    _check_owner(path, "cached file", hint, group=True)
     record = _record_path(path)
     actual = _sha256(path)
     if os.path.exists(record):
-        _check_owner(record, "hash record", hint)
+        _check_owner(record, "hash record", hint, group=True)
         with open(record) as f:
             recorded = f.read().split(" ")[0].strip()
         if actual != recorded:
