@@ -114,7 +114,8 @@ def augreg_index(path=None, refresh=False):
         path: a local copy of `index.csv`; None downloads it once (with a
             progress bar) from the `vit_models` bucket or the mirror in
             `$KERAS_VIT_WEIGHTS_URL`, into the checkpoints' cache.
-        refresh: download again even if a cached copy exists.
+        refresh: download again even if a cached copy exists; a failed
+            download raises and keeps the cached copy.
 
     Returns:
         An `AugRegIndex`.
