@@ -338,8 +338,9 @@ def throughput_worker(args):
     # torch.compile (`jit_compile=True`) instead.
     torch_backend = backend == "torch"
     models = {1: compiled(1)}
-    models["more"] = compiled(1, jit_compile=True) if torch_backend else compiled(args.spe)
     more_spe = 1 if torch_backend else args.spe
+    if args.torch_compile or not torch_backend:
+        models["more"] = compiled(1, jit_compile=True) if torch_backend else compiled(args.spe)
     more = "jit_compile=True (torch.compile)" if torch_backend else f"steps_per_execution={args.spe}"
     in_memory = tf.data.Dataset.from_tensors((x, y)).repeat()
     folder = data.finetune_pipeline(
@@ -389,9 +390,12 @@ def throughput_worker(args):
         "train_on_batch, in memory": on_batch,
         "fit, in memory": lambda: fit(models[1], in_memory, 1),
         "fit, image folder": lambda: fit(models[1], folder, 1),
-        f"fit, in memory, {more}": lambda: fit(models["more"], in_memory, more_spe),
-        f"fit, image folder, {more}": lambda: fit(models["more"], folder, more_spe),
     })
+    if "more" in models:
+        variants.update({
+            f"fit, in memory, {more}": lambda: fit(models["more"], in_memory, more_spe),
+            f"fit, image folder, {more}": lambda: fit(models["more"], folder, more_spe),
+        })
     for name, run in list(variants.items()):  # Compilation, first calls.
         try:
             run()
@@ -549,6 +553,9 @@ def parse_args(argv=None):
                         help="where the time goes: the ways of feeding keras_vit against timm's loop, "
                              "interleaved in one process per backend (no accuracy runs)")
     parser.add_argument("--spe", type=int, default=10, help="--throughput: steps_per_execution tried")
+    parser.add_argument("--no-torch-compile", dest="torch_compile", action="store_false",
+                        help="--throughput on PyTorch: skip the torch.compile variants "
+                        "(compiling takes minutes on a CPU)")
     parser.add_argument("--rounds", type=int, default=3, help="--throughput: interleaved rounds")
     parser.add_argument("--throughput-steps", type=int, default=40,
                         help="--throughput: updates per timed sample (a multiple of --spe)")

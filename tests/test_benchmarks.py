@@ -122,3 +122,26 @@ def test_step_costs_smoke_run_times_both_sides():
     assert row["backend"] == keras.backend.backend()
     for costs in (row["optimizer_ms"], row["gelu_ms"]):
         assert all(v > 0 for k, v in costs.items() if k != "variables")
+
+
+def test_real_images_throughput_smoke_run_reports_every_variant():
+    """`--throughput` (where the small-model time goes): every way of feeding
+    the same model is timed and compared with `fit` on in-memory batches."""
+    pytest.importorskip("timm")
+    backend = keras.backend.backend()
+    if backend != "tensorflow":
+        # The worker differs per backend only in its compile flags, and its
+        # seven variants each compile: minutes under JAX and torch.compile on
+        # 2 cores. The recipe's own backends run in the smoke run above.
+        pytest.skip("--throughput smoke run on TensorFlow only (compile time)")
+    rows = real_images.main(["--smoke", "--throughput", f"--backends={backend}"])
+    by_variant = {row["variant"]: row for row in rows}
+    expected = {"timm loop, in memory", "timm loop, in memory, tanh GELU",
+                "train_on_batch, in memory", "fit, in memory", "fit, image folder"}
+    expected |= {"fit, in memory, steps_per_execution=2", "fit, image folder, steps_per_execution=2"}
+    assert expected == set(by_variant), sorted(by_variant)
+    for row in rows:
+        assert row["backend"] == backend and row["img_s"] > 0 and row["steps"] == 4
+        assert row["vs_timm"] > 0 and row["vs_fit_in_memory"] > 0
+    assert by_variant["fit, in memory"]["vs_fit_in_memory"] == 1.0
+    assert by_variant["timm loop, in memory"]["vs_timm"] == 1.0
