@@ -294,39 +294,145 @@ def test_changed_fit_arguments_are_refused(small_checkpoint, tmp_path):
         _small_fit(_small_model(), directory)
 
 
+# A torch checkpoint's CPU generator state has this many bytes.
+_TORCH_CPU_STATE = [0] * 5056
+
+
 @pytest.mark.parametrize(
-    "tamper, match",
+    "tamper, match, found_by",
     [
-        ("{not json", r"is not valid JSON"),
-        ("[1, 2]", r"expected a JSON object, got list"),
-        (dict(batch=-3), r"`batch` must be >= 0. Received: batch=-3"),
-        (dict(batch=7), r"`batch` must be <= steps_per_epoch=2. Received: batch=7"),
-        (dict(step="4"), r"`step` has the wrong type. Received: step='4'"),
-        (dict(epoch=True), r"`epoch` has the wrong type"),
+        ("{not json", r"is not valid JSON", "read"),
+        ("[1, 2]", r"expected a JSON object, got list", "read"),
+        (dict(batch=-3), r"`batch` must be >= 0. Received: batch=-3", "read"),
+        (dict(batch=7), r"`batch` must be <= steps_per_epoch=2. Received: batch=7", "read"),
+        (dict(step="4"), r"`step` has the wrong type. Received: step='4'", "read"),
+        (dict(epoch=True), r"`epoch` has the wrong type", "read"),
         (dict(weights="../outside/step-000000000004.weights.h5"),
-         r"`weights` must name a step-N.weights.h5 file inside the directory"),
-        (dict(weights="/etc/passwd"), r"`weights` must name a step-N.weights.h5 file"),
-        (dict(weights="step-000000000009.weights.h5"), r"which is missing"),
-        (dict(seed_states=[[1, -2]]), r"a seed state is not a list of uint32"),
-        (dict(extra=1), r"unknown fields \['extra'\]"),
+         r"`weights` must name a step-N.weights.h5 file inside the directory", "read"),
+        (dict(weights="/etc/passwd"), r"`weights` must name a step-N.weights.h5 file", "read"),
+        (dict(weights="step-000000000009.weights.h5"), r"which is missing", "read"),
+        (dict(seed_states=[[1, -2]]), r"a seed state is not a list of uint32", "read"),
+        (dict(extra=1), r"unknown fields \['extra'\]", "read"),
+        (dict(backend=3), r"`backend` has the wrong type. Received: backend=3", "read"),
+        # Before: a raw TypeError from the comparison with the model.
+        (dict(variables=[1]),
+         r"`variables\[0\]` must be \[path, shape, dtype\]. Received: variables\[0\]=1", "read"),
+        (dict(variables=[["w", [4, -3], "float32"]]), r"Received: variables\[0\]=\['w', \[4, -3\]", "read"),
+        # Before: the weights were loaded, then assigning the state failed.
+        (dict(seed_states=[[1]]),
+         r"is invalid: `seed_states\[0\]` has 1 value\(s\), the state of seed generator "
+         r"\S+ has shape \(2,\). Received: seed_states\[0\]=\[1\]", "fit"),
+        (dict(global_seed_state=[1, 2, 3]),
+         r"is invalid: `global_seed_state` has 3 value\(s\), Keras' global seed generator "
+         r"state has shape \(2,\)", "fit"),
+        # Before: PyTorch's errors at the first step, after the weights loaded.
+        (dict(torch_rng_states=[]),
+         r"`torch_rng_states` must hold PyTorch's CPU generator state .*"
+         r"Received: torch_rng_states=\[\]", "read"),
+        (dict(torch_rng_states=[[1, 2, 3]], backend="torch"),
+         r"is invalid: `torch_rng_states\[0\]` has 3 bytes, PyTorch's CPU generator state "
+         r"has 5056", "fit"),
+        (dict(torch_rng_states=[[1, 256]]),
+         r"`torch_rng_states` must be lists of bytes. Received: torch_rng_states\[0\]=\[1, 256\]",
+         "read"),
+        (lambda m: dict(torch_rng_states=m["torch_rng_states"] + [[0] * 16], backend="torch"),
+         r"is invalid: `torch_rng_states` holds (\d+) PyTorch generator state\(s\) .* "
+         r"this process has (?!\1)\d+", "fit"),
+        (dict(torch_rng_states=None, backend="torch"),
+         r"`torch_rng_states` is null but the checkpoint's backend is 'torch'", "read"),
+        (dict(torch_rng_states=[_TORCH_CPU_STATE], backend="jax"),
+         r"`torch_rng_states` is set but the checkpoint's backend is 'jax'", "read"),
     ],
     ids=["json", "list", "negative_batch", "batch_too_large", "string_step", "bool_epoch",
-         "dotdot", "absolute", "missing_weights", "seed", "unknown_field"],
+         "dotdot", "absolute", "missing_weights", "seed", "unknown_field", "backend_type",
+         "variables_entry", "variables_shape", "seed_length", "global_seed_length",
+         "torch_states_empty", "torch_state_length", "torch_state_bytes", "torch_state_count",
+         "torch_states_missing",
+         "torch_states_not_torch"],
 )
-def test_tampered_checkpoint_is_refused_with_one_line(small_checkpoint, tmp_path, tamper, match):
+def test_tampered_checkpoint_is_refused_with_one_line(
+    small_checkpoint, tmp_path, tamper, match, found_by
+):
     # Before: raw JSONDecodeError/AttributeError/h5py errors; `../` paths
     # followed; batch=-3 trained extra steps.
+    if BACKEND != "torch" and "torch_rng_states" in match and found_by == "fit":
+        pytest.skip("PyTorch's generator states are checked on the torch backend")
     if isinstance(tamper, str):
         directory = _copy(small_checkpoint, tmp_path)
         (directory / "checkpoint.json").write_text(tamper)
     else:
+        if callable(tamper):
+            tamper = tamper(json.loads((small_checkpoint / "checkpoint.json").read_text()))
         directory = _copy(small_checkpoint, tmp_path, **tamper)
     backup = training.BackupAndResume(directory)
+    if found_by == "read":
+        with pytest.raises(ValueError, match=match):
+            backup.read_checkpoint()
+    else:  # a well-formed file: only this model and process can tell
+        assert backup.read_checkpoint()["step"] == 4
+    # `fit` refuses it before anything is loaded, in one line naming the file.
+    model = _small_model()
+    before = [keras.ops.convert_to_numpy(v) for v in model.variables]
     with pytest.raises(ValueError, match=match) as error:
-        backup.read_checkpoint()
+        _small_fit(model, directory)
     message = str(error.value)
     assert "\n" not in message and str(directory / "checkpoint.json") in message
-    with pytest.raises(ValueError, match=match):  # and `fit` refuses it before training
+    for a, b in zip(before, [keras.ops.convert_to_numpy(v) for v in model.variables]):
+        np.testing.assert_array_equal(a, b)
+
+
+def _other_backend_checkpoint(small_checkpoint, tmp_path, backend):
+    """The small checkpoint as the `backend` backend writes it (None: as a
+    keras_vit that did not record the backend wrote it on this one)."""
+    directory = _copy(small_checkpoint, tmp_path)
+    metadata = json.loads((directory / "checkpoint.json").read_text())
+    if backend is None:
+        del metadata["backend"]
+    else:
+        metadata["backend"] = backend
+        metadata["torch_rng_states"] = [_TORCH_CPU_STATE] if backend == "torch" else None
+    (directory / "checkpoint.json").write_text(json.dumps(metadata))
+    return directory
+
+
+@pytest.mark.parametrize("other", sorted({"jax", "tensorflow", "torch"} - {BACKEND}))
+def test_checkpoint_of_another_backend_is_refused(small_checkpoint, tmp_path, other):
+    # Before: resumed with the random state of another backend's generators
+    # (not the run that was interrupted), or PyTorch's RuntimeError mid-fit.
+    assert json.loads((small_checkpoint / "checkpoint.json").read_text())["backend"] == BACKEND
+    directory = _other_backend_checkpoint(small_checkpoint, tmp_path, other)
+    assert training.BackupAndResume(directory).read_checkpoint()["backend"] == other
+    model = _small_model()
+    before = [keras.ops.convert_to_numpy(v) for v in model.variables]
+    with pytest.raises(ValueError) as error:
+        _small_fit(model, directory)
+    assert str(error.value) == (
+        f"The checkpoint {directory / 'checkpoint.json'} was written on the {other!r} "
+        f"backend, but this run uses {BACKEND!r}: the random state does not carry over "
+        "between backends, so the resume would not be exact. Resume with "
+        f"KERAS_BACKEND={other}, or use another `backup_dir`. Received: backend={BACKEND!r}"
+    )
+    for a, b in zip(before, [keras.ops.convert_to_numpy(v) for v in model.variables]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoint_without_backend_field_resumes_or_is_refused(small_checkpoint, tmp_path):
+    # Written before `backend` was recorded: still resumed on its backend...
+    directory = _other_backend_checkpoint(small_checkpoint, tmp_path / "same", None)
+    backup = _small_fit(_small_model(), directory)
+    assert backup.resumed_from["step"] == 4 and "backend" not in backup.resumed_from
+    assert backup.read_checkpoint()["step"] == 4  # nothing more to train
+    # ... and refused where torch and not-torch differ (what it can tell).
+    directory = _other_backend_checkpoint(small_checkpoint, tmp_path / "other", None)
+    metadata = json.loads((directory / "checkpoint.json").read_text())
+    metadata["torch_rng_states"] = None if BACKEND == "torch" else [_TORCH_CPU_STATE]
+    (directory / "checkpoint.json").write_text(json.dumps(metadata))
+    written_on = (
+        r"a backend other than 'torch' \(it has no `torch_rng_states`\)" if BACKEND == "torch"
+        else r"the 'torch' backend"
+    )
+    with pytest.raises(ValueError, match=rf"was written on {written_on}, but this run uses "
+                       rf"'{BACKEND}'.* Received: backend='{BACKEND}'$"):
         _small_fit(_small_model(), directory)
 
 

@@ -25,6 +25,9 @@ _FIELDS = {
     "optimizer": (dict, type(None)), "seed_states": list,
     "global_seed_state": (list, type(None)), "torch_rng_states": (list, type(None)),
 }
+# Fields a checkpoint of an older keras_vit may lack: `backend` (the Keras
+# backend that wrote it) was added without a format change.
+_OPTIONAL_FIELDS = {"backend": str}
 # Locks this process holds: a `fit` that raised never reaches
 # `on_train_end`, and a new run in the same process takes its lock over.
 _HELD_LOCKS = {}
@@ -47,9 +50,11 @@ class BackupAndResume(keras.callbacks.Callback):
 
     The checkpoint records what it belongs to (the model's config and
     variable shapes, the optimizer's class and config, steps per epoch and
-    epochs); a run that differs is refused with an error naming the
-    difference, and a `checkpoint.json` that is not one this callback wrote
-    is refused before anything is loaded. One run at a time may use
+    epochs, the Keras backend); a run that differs is refused with an error
+    naming the difference (another backend: its random state would not carry
+    over), and a `checkpoint.json` that is not one this callback wrote, or
+    whose random states do not fit this model and process, is refused before
+    anything is loaded. One run at a time may use
     `backup_dir`: a lock file (an OS lock, released when the process ends,
     even by SIGKILL) refuses a second one.
 
@@ -182,6 +187,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "seed_states": [_state(v) for v in _seed_states(model)],
             "global_seed_state": _global_seed_state(),
             "torch_rng_states": distribute.backend_rng_state(),
+            "backend": keras.backend.backend(),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
         with open(temporary, "w", encoding="utf-8") as f:
@@ -231,6 +237,7 @@ class BackupAndResume(keras.callbacks.Callback):
     def _check_same_run(self, metadata, model):
         """Refuses a checkpoint of another run: with another model or
         optimizer the restored state would be wrong or fail to load."""
+        _check_backend(metadata, self._pointer_path)
         where = f"The checkpoint in {self.backup_dir} was written by another run:"
         advice = "Resume with the same command, or use another `backup_dir`."
         for key, param, label in (
@@ -264,6 +271,7 @@ class BackupAndResume(keras.callbacks.Callback):
             )
         if difference is not None:
             raise ValueError(f"{where} {difference}. {advice}")
+        _check_state_sizes(metadata, model, self._pointer_path)
 
     def _wrap_train_function(self, model):
         """Makes the first `batch` calls of the resumed epoch consume their
@@ -480,6 +488,13 @@ def _global_seed_state():
     return None if generator is None else _state(generator.state)
 
 
+def _global_seed_shape():
+    # Creates Keras' global SeedGenerator if needed, as the restore does.
+    from keras.src.random import seed_generator
+
+    return tuple(seed_generator.global_seed_generator().state.shape)
+
+
 def _set_global_seed_state(value):
     from keras.src.random import seed_generator
 
@@ -509,13 +524,14 @@ def _validate(metadata, path):
     if not isinstance(metadata, dict):
         fail(f"expected a JSON object, got {type(metadata).__name__}")
     missing = sorted(set(_FIELDS) - set(metadata))
-    extra = sorted(set(metadata) - set(_FIELDS))
+    extra = sorted(set(metadata) - set(_FIELDS) - set(_OPTIONAL_FIELDS))
     if missing or extra:
         fail(f"missing fields {missing}, unknown fields {extra}")
-    for key, types in _FIELDS.items():
+    optional = {key: types for key, types in _OPTIONAL_FIELDS.items() if key in metadata}
+    for key, types in {**_FIELDS, **optional}.items():
         value = metadata[key]
         if isinstance(value, bool) or not isinstance(value, types):
-            fail(f"`{key}` has the wrong type. Received: {key}={value!r}")
+            fail(f"`{key}` has the wrong type. Received: {key}={_short(value)}")
     if metadata["format"] != _FORMAT:
         fail(f"format {metadata['format']} is not {_FORMAT}")
     if not _WEIGHTS_NAME.match(metadata["weights"]):
@@ -534,17 +550,123 @@ def _validate(metadata, path):
         fail(f"`batch` must be <= steps_per_epoch={steps}. Received: batch={metadata['batch']}")
     if metadata["epochs"] is not None and metadata["epoch"] >= metadata["epochs"]:
         fail(f"`epoch` must be < epochs={metadata['epochs']}. Received: epoch={metadata['epoch']}")
-    for state in metadata["torch_rng_states"] or []:
-        if not isinstance(state, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 256 for x in state
+    for i, entry in enumerate(metadata["variables"]):
+        if not (
+            isinstance(entry, list) and len(entry) == 3
+            and isinstance(entry[0], str) and isinstance(entry[2], str)
+            and isinstance(entry[1], list) and all(_is_int(d, 0) for d in entry[1])
         ):
-            fail("`torch_rng_states` must be lists of bytes")
+            fail(
+                f"`variables[{i}]` must be [path, shape, dtype]. "
+                f"Received: variables[{i}]={_short(entry)}"
+            )
+    torch_states = metadata["torch_rng_states"]
+    if torch_states is not None and not torch_states:
+        fail(
+            "`torch_rng_states` must hold PyTorch's CPU generator state (then "
+            "one per GPU). Received: torch_rng_states=[]"
+        )
+    for i, state in enumerate(torch_states or []):
+        if not isinstance(state, list) or not state or not all(_is_int(x, 0, 256) for x in state):
+            fail(
+                "`torch_rng_states` must be lists of bytes. "
+                f"Received: torch_rng_states[{i}]={_short(state)}"
+            )
     states = metadata["seed_states"] + [metadata["global_seed_state"] or [0]]
     for state in states:
-        if not isinstance(state, list) or not all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**32 for x in state
-        ):
-            fail(f"a seed state is not a list of uint32. Received: {state!r}")
+        if not isinstance(state, list) or not all(_is_int(x, 0, 2**32) for x in state):
+            fail(f"a seed state is not a list of uint32. Received: {_short(state)}")
+    backend = metadata.get("backend")
+    if backend is not None and (backend == "torch") != (torch_states is not None):
+        fail(
+            f"`torch_rng_states` is {'null' if torch_states is None else 'set'} but the "
+            f"checkpoint's backend is {backend!r} (only 'torch' records it, always). "
+            f"Received: backend={backend!r}"
+        )
+
+
+def _is_int(value, low, high=None):
+    return (
+        isinstance(value, int) and not isinstance(value, bool) and value >= low
+        and (high is None or value < high)
+    )
+
+
+def _short(value, limit=100):
+    """`repr(value)`, cut to `limit` characters (a state holds thousands)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _check_backend(metadata, path):
+    """Refuses a checkpoint written on another Keras backend: the random
+    state (seed generators, PyTorch's generators) does not carry over, so
+    the resumed run would not be the one that was interrupted. A checkpoint
+    of an older keras_vit, without `backend`, is told apart only as torch or
+    not (torch always records `torch_rng_states`)."""
+    now = keras.backend.backend()
+    saved = metadata.get("backend")
+    if saved is None:  # written before `backend` was recorded
+        if (metadata["torch_rng_states"] is not None) == (now == "torch"):
+            return
+        if now != "torch":
+            saved_text, advice = "the 'torch' backend", "with KERAS_BACKEND=torch"
+        else:
+            saved_text = "a backend other than 'torch' (it has no `torch_rng_states`)"
+            advice = "with KERAS_BACKEND=jax or tensorflow, the one that wrote it"
+    elif saved == now:
+        return
+    else:
+        saved_text, advice = f"the {saved!r} backend", f"with KERAS_BACKEND={saved}"
+    raise ValueError(
+        f"The checkpoint {path} was written on {saved_text}, but this run "
+        f"uses {now!r}: the random state does not carry over between backends, so "
+        f"the resume would not be exact. Resume {advice}, or use another "
+        f"`backup_dir`. Received: backend={now!r}"
+    )
+
+
+def _check_state_sizes(metadata, model, path):
+    """Refuses random states that do not fit this model and process before
+    anything is loaded (assigning them would fail mid-restore)."""
+
+    def fail(message):
+        raise ValueError(f"The checkpoint {path} is invalid: {message}.")
+
+    for i, (variable, value) in enumerate(zip(_seed_states(model), metadata["seed_states"])):
+        if (len(value),) != tuple(variable.shape):
+            fail(
+                f"`seed_states[{i}]` has {len(value)} value(s), the state of seed "
+                f"generator {variable.path} has shape {tuple(variable.shape)}. "
+                f"Received: seed_states[{i}]={_short(value)}"
+            )
+    value = metadata["global_seed_state"]
+    if value is not None:
+        shape = _global_seed_shape()
+        if (len(value),) != shape:
+            fail(
+                f"`global_seed_state` has {len(value)} value(s), Keras' global seed "
+                f"generator state has shape {shape}. Received: global_seed_state={_short(value)}"
+            )
+    saved = metadata["torch_rng_states"]
+    if saved is None or keras.backend.backend() != "torch":
+        return
+    now = distribute.backend_rng_state()
+    if len(saved) != len(now):
+        fail(
+            f"`torch_rng_states` holds {len(saved)} PyTorch generator state(s) (CPU, "
+            f"then one per GPU), this process has {len(now)}: resuming with another "
+            "number of GPUs would not be exact. Received: "
+            f"{len(saved)} states"
+        )
+    for i, (was, new) in enumerate(zip(saved, now)):
+        if len(was) != len(new):
+            device = "CPU" if i == 0 else f"GPU {i - 1}"
+            fail(
+                f"`torch_rng_states[{i}]` has {len(was)} bytes, PyTorch's {device} "
+                f"generator state has {len(new)}. Received: torch_rng_states[{i}] of "
+                f"length {len(was)}"
+            )
 
 
 # --- One run per directory ---------------------------------------------------
