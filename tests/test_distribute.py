@@ -163,22 +163,81 @@ def _clipped_sgd():
     return training.MomentumSGD(0.05, accumulator_dtype="float32", global_clipnorm=1.0)
 
 
+# Below every accumulated gradient's global norm in `_accumulation_report`
+# (1.0 was not: the sixth update's norm is ~0.9), so clipping shapes every
+# compared update.
+CLIP = 0.5
+RECORDED_UPDATES = 8
+
+
+class _NormRecordingSGD(training.MomentumSGD):
+    """MomentumSGD that also stores, per update, the global norm of the
+    accumulated (mean) gradient that its clipping sees, in
+    `update_norms[update]`: evidence that clipping acts on the accumulated
+    updates. Test-only; the update itself is the parent's, untouched.
+
+    Under `tf.distribute` the micro-batch gradients are summed across
+    replicas first, as the parent does (an extra all-reduce, for the
+    record only)."""
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        # Written in replica context under tf.distribute: the first
+        # replica's value is kept (all replicas hold the same sum).
+        self.update_norms = self.add_variable(
+            shape=(RECORDED_UPDATES,), initializer="zeros", dtype="float32",
+            name="update_norms", aggregation="only_first_replica",
+        )
+
+    def apply(self, grads, trainable_variables=None):
+        from keras import ops
+
+        grads = list(grads)
+        if trainable_variables is not None and not self.built:
+            self.build(list(trainable_variables))
+        if trainable_variables is None:
+            indices = range(len(grads))
+        else:
+            indices = [self._get_variable_index(v) for v in trainable_variables]
+        present = [(i, g) for i, g in zip(indices, grads) if g is not None]
+        summed = [g for _, g in present]
+        context = distribute._tf_replica_context()
+        if context is not None:
+            summed = context.all_reduce("sum", summed)
+        means = [
+            (self._accumulators[i] + g) / self.accumulation_steps
+            for (i, _), g in zip(present, summed)
+        ]
+        norm = ops.sqrt(sum(ops.sum(ops.square(ops.cast(m, "float32"))) for m in means))
+        slot = ops.equal(ops.arange(RECORDED_UPDATES), ops.cast(self.iterations, "int32"))
+        record = ops.logical_and(slot, self._is_update_step())
+        self.assign(self.update_norms, ops.where(record, norm, self.update_norms.value))
+        return super().apply(grads, trainable_variables)
+
+
 def _scheduled_sgd(accumulation=None):
     """Warmup + cosine, clipping active: with `accumulation=k`, micro-batches
-    of 1/k the size must give the same updates."""
+    of 1/k the size must give the same updates (the accumulated optimizer
+    records each update's pre-clipping global norm)."""
     schedule = training.WarmupDecay(0.05, total_steps=10, warmup_steps=2)
-    return training.MomentumSGD(
-        schedule, accumulator_dtype="float32", global_clipnorm=1.0,
+    kind = _NormRecordingSGD if accumulation else training.MomentumSGD
+    return kind(
+        schedule, accumulator_dtype="float32", global_clipnorm=CLIP,
         gradient_accumulation_steps=accumulation,
     )
 
 
-def _accumulation_report(setup, weights, x, y, report, name):
+def _accumulation_report(setup, weights, x, y, report, name, whole=None):
     """Fits 3 epochs of 2 updates, each from 2 accumulated micro-batches of
     8 under `setup`; stores the largest weight difference from one device
-    fed the whole batches of 16 without accumulation."""
-    none = distribute.DistributionSetup("none", keras.backend.backend())
-    whole, _ = _fit_losses(none, weights, x, y, _scheduled_sgd, batch_size=16)
+    fed the whole batches of 16 without accumulation (`whole`: that model,
+    fitted here when None), and each update's pre-clipping global norm.
+    Returns `whole`, for the next report on the same data."""
+    if whole is None:
+        none = distribute.DistributionSetup("none", keras.backend.backend())
+        whole, _ = _fit_losses(none, weights, x, y, _scheduled_sgd, batch_size=16)
     model, _ = _fit_losses(setup, weights, x, y, lambda: _scheduled_sgd(2), batch_size=8)
     report[name] = max(
         float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), whole.get_weights())
@@ -187,6 +246,21 @@ def _accumulation_report(setup, weights, x, y, report, name):
         float(np.max(np.abs(a - b))) for a, b in zip(whole.get_weights(), weights)
     )
     report[name + "_updates"] = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    # The global norm of each update's accumulated gradient, before clipping.
+    norms = keras.ops.convert_to_numpy(model.optimizer.update_norms)
+    report[name + "_norms"] = [float(v) for v in norms[: report[name + "_updates"]]]
+    return whole
+
+
+def _assert_clipping_active(report, name):
+    """Every compared update's accumulated gradient is above the clipping
+    threshold, so clipping shaped each of the updates compared."""
+    norms = report[name + "_norms"]
+    assert len(norms) == report[name + "_updates"], (name, norms)
+    assert min(norms) > CLIP, (name, norms)
+    # The recorded norm is the global one (summed over replicas/devices):
+    # the same as one device's.
+    np.testing.assert_allclose(norms, report["accum_single_norms"], rtol=1e-5, err_msg=name)
 
 
 def _jax_child():
@@ -230,10 +304,10 @@ def _jax_child():
     )
     # Gradient accumulation (2 micro-batches of 8 rows over 8 devices, one
     # row each) equals one device fed the whole batches of 16.
-    _accumulation_report(none, weights, xa, ya, report, "accum_single")
+    whole = _accumulation_report(none, weights, xa, ya, report, "accum_single")
     dp = distribute.get_distribution("data_parallel")
-    _accumulation_report(dp, weights, xa, ya, report, "accum_dp")
-    _accumulation_report(setup, weights, xa, ya, report, "accum_mp")
+    _accumulation_report(dp, weights, xa, ya, report, "accum_dp", whole)
+    _accumulation_report(setup, weights, xa, ya, report, "accum_mp", whole)
     shards = {}
     for variable in model.trainable_variables + model.optimizer.variables:
         value = variable.value
@@ -275,6 +349,7 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
     for name in ("accum_single", "accum_dp", "accum_mp"):
         assert report[name] < 1e-5, (name, report[name])
         assert report[name + "_updates"] == 6 and report[name + "_moved"] > 1e-2
+        _assert_clipping_active(report, name)
 
     # Uneven batches: `predict` pads and slices.
     assert report["predict_rows"] == 100 and report["predict_error"] < 1e-5
@@ -359,8 +434,8 @@ def _tf_child():
     # a cross-replica merge_call inside its cond) equals one device fed the
     # whole batches.
     _, xa, ya = _tiny_setup()
-    _accumulation_report(none, weights, xa[:32], ya[:32], report, "accum_single")
-    _accumulation_report(setup, weights, xa[:32], ya[:32], report, "accum_mirrored")
+    whole = _accumulation_report(none, weights, xa[:32], ya[:32], report, "accum_single")
+    _accumulation_report(setup, weights, xa[:32], ya[:32], report, "accum_mirrored", whole)
     report["predict_rows"] = int(got.shape[0])
 
     # A TPU name that does not answer: the error says so in one line.
@@ -385,6 +460,7 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
     for name in ("accum_single", "accum_mirrored"):
         assert report[name] < 1e-5, (name, report[name])
         assert report[name + "_updates"] == 6 and report[name + "_moved"] > 1e-2
+        _assert_clipping_active(report, name)
     assert report["predict_rows"] == 7 and report["predict_error"] < 1e-5
     assert "No TPU" in report["tpu"] and "tpu='local'" in report["tpu"]
 
