@@ -14,6 +14,7 @@ no TPU, ...) end in one line `error: ...` and exit status 2, no traceback.
 
 import argparse
 import json
+import os
 import sys
 import typing
 
@@ -178,6 +179,39 @@ def check_choice(config, field, choices):
     return value
 
 
+def check_auto_bool(config, field):
+    """`config.<field>` (`auto`, `true` or `false`, as `--cache` and
+    `--jit_compile` take them) as `"auto"`, True or False; anything else is
+    an expected failure naming the flag (`check_choice`'s message)."""
+    text = str(getattr(config, field)).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        return parse_bool(text)
+    except argparse.ArgumentTypeError:
+        return check_choice(config, field, ("auto", "true", "false"))  # Raises.
+
+
+def entry_points(configs, run, *, prog, description):
+    """A recipe's `parse(argv=None)` and `main(argv=None, **kwargs)`.
+
+    `parse` returns `(config_name, config, smoke)` from command-line
+    arguments (see `parse`); `main` parses them and returns
+    `run(config, config_name, smoke=smoke, **kwargs)` (e.g. `callbacks=`).
+    """
+
+    def parse_argv(argv=None):
+        """`(config_name, config, smoke)` from command-line arguments."""
+        return parse(argv, configs, prog=prog, description=description)
+
+    def main(argv=None, **kwargs):
+        """Parses `argv` (default: `sys.argv[1:]`) and runs the recipe."""
+        config_name, config, smoke = parse_argv(argv)
+        return run(config, config_name, smoke=smoke, **kwargs)
+
+    return parse_argv, main
+
+
 def one_line(error, details=3):
     """A message on one line: a multi-line message (e.g. the weight loader's
     list of mismatches) keeps its first `details` lines after the first."""
@@ -189,7 +223,13 @@ def one_line(error, details=3):
 
 def run_command(main):
     """Runs a recipe's `main()` as a command: an expected failure prints one
-    `error:` line and exits with status 2."""
+    `error:` line and exits with status 2.
+
+    TensorFlow's C++ information lines (CPU features, oneDNN, ... printed
+    when it loads) are left out unless `TF_CPP_MIN_LOG_LEVEL` is set, so that
+    an expected failure is the one line on stderr; warnings and errors stay.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:
         return main()
     except RecipeError as error:

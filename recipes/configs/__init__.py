@@ -59,6 +59,19 @@ def named(configs, name):
 Optional = typing.Optional
 Tuple = typing.Tuple
 
+# Fields with a fixed set of values (the library's: `keras_vit.training`
+# schedules, `keras_vit.data` pipelines), checked by every recipe before any
+# work (`recipes.run.check_fields`).
+DECAY_TYPES = ("cosine", "linear")
+AUGMENTATIONS = ("inception_crop", "resize_crop", "resize")
+MOMENT_DTYPES = ("bfloat16", "float32")
+CHOICES = {
+    "decay_type": DECAY_TYPES,
+    "augmentation": AUGMENTATIONS,
+    "accumulator_dtype": MOMENT_DTYPES,
+    "first_moment_dtype": MOMENT_DTYPES,
+}
+
 
 @dataclasses.dataclass(eq=True)
 class RunFields(Config):
@@ -118,9 +131,9 @@ class ScheduleFields(Config):
 
 
 # `--smoke`: a tiny model, a few steps, tfds replaced by generated examples
-# (keras_vit.data.testing; no download). The batch of 8 divides over 8
-# devices (TPU cores, simulated JAX devices) and keeps 2 accumulated
-# micro-batches, so the smoke run exercises accumulation under every
+# (keras_vit.data.testing; no download). The batch of 16 is 2 accumulated
+# micro-batches of 8, and 8 divides over 8 devices (TPU cores, simulated JAX
+# devices), so the smoke run exercises accumulation under every
 # distribution. Flags given on the command line still win.
 SMOKE_MODEL = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, patch_size=8)
 SMOKE = dict(
