@@ -1,8 +1,11 @@
-"""Generated stand-ins for tensorflow-datasets, for smoke runs and tests.
+"""Generated stand-in data for smoke runs and tests.
 
 `mock_tfds()` replaces every tfds dataset by a few generated examples with
 the features keras_vit's sources and VTAB tasks read, so a whole pipeline
 (and the recipes' `--smoke`) runs without any download.
+`synthetic_images()` draws smooth random colour fields (masked patch
+prediction's `--dataset=synthetic`), `smoke_images()` writes a folder of
+random-pixel PNGs (`recipes.inspect_vit --smoke`).
 """
 
 import contextlib
@@ -10,6 +13,7 @@ import os
 import shutil
 import tempfile
 
+import numpy as np
 import tensorflow as tf
 
 # Builders whose images are grey-scale (one channel); dSprites pixels are 0/1.
@@ -76,3 +80,36 @@ def mock_tfds(num_examples=16):
             yield manual_dir
     finally:
         shutil.rmtree(manual_dir, ignore_errors=True)
+
+
+def synthetic_images(count, height, width, seed=0, waves=3):
+    """Smooth random colour fields in [-1, 1], the same in law at every position.
+
+    Each channel is a sum of `waves` plane waves of random direction, phase
+    and wavelength (half to twice the image's side), so a patch's colour
+    follows from its neighbours' and only *relative* positions matter.
+
+    Returns:
+        float32 array of shape `(count, height, width, 3)`.
+    """
+    rng = np.random.default_rng(seed)
+    shape = (count, 1, 1, waves, 3)
+    angle = rng.uniform(0, 2 * np.pi, shape)
+    cycles = rng.uniform(0.5, 2.0, shape)
+    phase = rng.uniform(0, 2 * np.pi, shape)
+    amplitude = rng.uniform(0.2, 1.0, shape)
+    y = (np.arange(height) / height)[None, :, None, None, None]
+    x = (np.arange(width) / width)[None, None, :, None, None]
+    waves = amplitude * np.cos(2 * np.pi * cycles * (np.cos(angle) * x + np.sin(angle) * y) + phase)
+    images = 0.95 * waves.sum(axis=3) / amplitude.sum(axis=3)
+    return images.astype(np.float32)
+
+
+def smoke_images(directory, size, count=4, seed=0):
+    """Writes `count` random-pixel PNGs of `size` (height, width) as
+    `directory/<i>.png`; returns `directory`."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        pixels = rng.integers(0, 256, (*size, 3), dtype=np.uint8)
+        tf.io.write_file(os.path.join(directory, f"{i}.png"), tf.io.encode_png(pixels))
+    return directory
