@@ -44,11 +44,7 @@ from recipes.configs import finetune as finetune_configs
 from recipes.configs import pretrain as pretrain_configs
 
 PROG = "python -m recipes.demo"
-
-
-def parse(argv=None):
-    """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=__doc__.split("\n\n")[0])
+DESCRIPTION = __doc__.split("\n\n")[0]
 
 
 def write_digits(directory, test_fraction, seed):
@@ -143,9 +139,11 @@ def write_inspection(model_path, test_dir, directory, per_class=6):
     return {name: path for name, path in written.items() if name not in ("arrays", "summary")}
 
 
-def run(demo):
-    """Runs the demo; returns `{"pretrain": summary, "finetune": summary}`."""
+def run(demo, config_name=None, smoke=False):
+    """Runs the demo; returns `{"pretrain": summary, "finetune": summary}`.
+    (`--smoke` is already in `demo`: `get_config(smoke=True)` sets the sizes.)"""
     start = time.perf_counter()
+    skeleton.check_fields(demo)
     if demo.overwrite:
         for part in ("pretrain", "finetune"):
             shutil.rmtree(os.path.join(demo.run_dir, part), ignore_errors=True)
@@ -182,9 +180,7 @@ def run(demo):
     return outcome
 
 
-def main(argv=None):
-    _, demo, _ = parse(argv)
-    return run(demo)
+parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
 
 
 if __name__ == "__main__":

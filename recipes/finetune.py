@@ -37,11 +37,6 @@ SUMMARY_KEYS = ("accuracy", "eval_loss", "eval_examples", "eval_split", "steps",
                 "images_per_second", "total_wall_time_s", "model_keras", "model_npz")
 
 
-def parse(argv=None):
-    """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
-
-
 def build_model(config, num_classes):
     """The model at the target resolution with the pre-trained weights.
 
@@ -211,6 +206,7 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, header=()
 
 
 def check(config):
+    skeleton.check_fields(config)
     if config.sweep and not (config.sweep_train_split and config.sweep_val_split):
         raise cli.RecipeError(
             "--sweep needs --sweep_train_split and --sweep_val_split. Received: "
@@ -248,9 +244,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     )
 
 
-def main(argv=None, callbacks=()):
-    config_name, config, smoke = parse(argv)
-    return run(config, config_name, smoke=smoke, callbacks=callbacks)
+parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
 
 
 if __name__ == "__main__":

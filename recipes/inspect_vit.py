@@ -28,11 +28,6 @@ PROG = "python -m recipes.inspect_vit"
 DESCRIPTION = __doc__.split("\n\n")[0]
 
 
-def parse(argv=None):
-    """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
-
-
 def _expected(what):
     """A failure of the user's input (weights, model file, images) as one
     `error:` line."""
@@ -99,17 +94,6 @@ def load_images(config, size, directory):
         raise cli.RecipeError(f"--images={directory}: {where} ({type(error).__name__}: {error})") from None
 
 
-def smoke_images(directory, size, count=4, seed=0):
-    """A few random-pixel PNGs for `--smoke`."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    for i in range(count):
-        Image.fromarray(rng.integers(0, 256, (*size, 3), dtype=np.uint8)).save(os.path.join(directory, f"{i}.png"))
-    return directory
-
-
 def run(config, config_name=None, smoke=False):
     import keras
 
@@ -126,7 +110,11 @@ def run(config, config_name=None, smoke=False):
     except ValueError as error:
         raise _expected(f"--model={config.model}")(error) from None
     with tempfile.TemporaryDirectory(prefix="keras_vit_inspect_") as generated:
-        directory = config.images or smoke_images(generated, geometry.image_size, seed=config.seed)
+        directory = config.images
+        if directory is None:  # --smoke: a few random-pixel images.
+            from keras_vit.data.testing import smoke_images
+
+            directory = smoke_images(generated, geometry.image_size, seed=config.seed)
         uint8, names = load_images(config, geometry.image_size, directory)
     if config.weights is None and not config.model.endswith(".keras"):
         print("No --weights: the figures show an untrained (randomly initialised) model.")
@@ -150,9 +138,7 @@ def run(config, config_name=None, smoke=False):
     return written
 
 
-def main(argv=None):
-    config_name, config, smoke = parse(argv)
-    return run(config, config_name, smoke=smoke)
+parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
 
 
 if __name__ == "__main__":

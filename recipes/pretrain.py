@@ -35,11 +35,6 @@ SUMMARY_KEYS = ("accuracy", "eval_loss", "eval_examples", "steps", "final_loss",
                 "total_wall_time_s", "model_keras", "model_npz")
 
 
-def parse(argv=None):
-    """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
-
-
 def head_bias(config, num_classes):
     """The head bias: 0 for softmax; for sigmoid big_vision's -10
     (ImageNet-21k) / -6.9 (ImageNet-1k), about -log(num_classes) elsewhere."""
@@ -70,8 +65,8 @@ def build_model(config, num_classes):
 
 
 def check(config):
+    skeleton.check_fields(config)
     cli.check_choice(config, "loss", configs.LOSSES)
-    cli.check_choice(config, "augmentation", configs.AUGMENTATIONS)
     cli.check_choice(config, "augreg", configs.AUGREG)
     if config.augmentation != "inception_crop" and config.augreg != "none":
         raise cli.RecipeError(
@@ -164,9 +159,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     )
 
 
-def main(argv=None, callbacks=()):
-    config_name, config, smoke = parse(argv)
-    return run(config, config_name, smoke=smoke, callbacks=callbacks)
+parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
 
 
 if __name__ == "__main__":

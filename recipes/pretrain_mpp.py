@@ -38,37 +38,13 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 SUMMARY_KEYS = ("steps", "final_loss", "images_per_second", "total_wall_time_s", "encoder_npz", "backbone_keras")
 
 
-def parse(argv=None):
-    """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
-
-
-def synthetic_images(count, height, width, seed=0, waves=3):
-    """Smooth random colour fields in [-1, 1], the same in law at every position.
-
-    Each channel is a sum of `waves` plane waves of random direction, phase
-    and wavelength (half to twice the image's side), so a patch's colour
-    follows from its neighbours' and only *relative* positions matter.
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    shape = (count, 1, 1, waves, 3)
-    angle = rng.uniform(0, 2 * np.pi, shape)
-    cycles = rng.uniform(0.5, 2.0, shape)
-    phase = rng.uniform(0, 2 * np.pi, shape)
-    amplitude = rng.uniform(0.2, 1.0, shape)
-    y = (np.arange(height) / height)[None, :, None, None, None]
-    x = (np.arange(width) / width)[None, None, :, None, None]
-    waves = amplitude * np.cos(2 * np.pi * cycles * (np.cos(angle) * x + np.sin(angle) * y) + phase)
-    images = 0.95 * waves.sum(axis=3) / amplitude.sum(axis=3)
-    return images.astype(np.float32)
-
-
 def synthetic_dataset(batch_size, steps, height, width, seed=0, fresh=True):
-    """A `keras.utils.PyDataset` of `steps` batches of `synthetic_images`
-    per epoch: fresh ones every epoch, or (`fresh=False`) the same ones."""
+    """A `keras.utils.PyDataset` of `steps` batches of
+    `keras_vit.data.testing.synthetic_images` per epoch: fresh ones every
+    epoch, or (`fresh=False`) the same ones."""
     import keras
+
+    from keras_vit.data.testing import synthetic_images
 
     class SyntheticImages(keras.utils.PyDataset):
         def __init__(self):
@@ -94,6 +70,8 @@ def write_samples(directory, count, height, width, seed):
     import numpy as np
     from PIL import Image
 
+    from keras_vit.data.testing import synthetic_images
+
     os.makedirs(directory, exist_ok=True)
     images = synthetic_images(count, height, width, seed=seed + 2**31)
     for i, image in enumerate(images):
@@ -110,6 +88,7 @@ def input_size(config):
 
 
 def check(config):
+    skeleton.check_fields(config)
     cli.check_choice(config, "target", configs.TARGETS)
     cli.check_choice(config, "quantization", configs.QUANTIZATIONS)
     if not config.dataset:
@@ -125,8 +104,6 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     trained = {}
 
     def body(run_dir, setup, header):
-        import keras
-
         from keras_vit import data
         from keras_vit import pretraining
         from keras_vit import training
@@ -173,9 +150,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                 decay_type=config.decay_type, weight_decay=config.weight_decay,
                 global_clipnorm=config.grad_clip, gradient_accumulation_steps=accum if accum > 1 else None,
             )
-            jit = str(config.jit_compile).lower()
-            model.compile(optimizer=optimizer, jit_compile="auto" if jit == "auto" else cli.parse_bool(jit),
-                          steps_per_execution=config.steps_per_execution)
+            model.compile(optimizer=optimizer, **skeleton.compile_options(config))
             return model, []
 
         def save(model, run_dir):
@@ -216,9 +191,7 @@ def check_encoder_loads(config, model, encoder, input_shape):
     print("smoke: the encoder loads into a classifier: OK")
 
 
-def main(argv=None, callbacks=()):
-    config_name, config, smoke = parse(argv)
-    return run(config, config_name, smoke=smoke, callbacks=callbacks)
+parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
 
 
 if __name__ == "__main__":

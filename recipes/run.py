@@ -4,7 +4,7 @@ One run directory per run (`config.json` checked on reuse, `--overwrite`
 to start over), the distribution and batch checks before any work, a start
 header, `model.fit` with resumable checkpoints, progress counted in
 updates, a labelled evaluation, the learning-rate sweep, and the summary
-(`summary.json`, printed again by a finished re-run).
+(`summary.json`; a finished re-run prints its main lines again).
 
 Glue over keras_vit's library code (`keras_vit.data`, `keras_vit.training`,
 `keras_vit.distribute`, the models and weights); Keras and TensorFlow are
@@ -19,7 +19,9 @@ import tempfile
 import time
 
 from recipes.cli import RecipeError
-from recipes.cli import parse_bool
+from recipes.cli import check_auto_bool
+from recipes.cli import check_choice
+from recipes.configs import CHOICES
 
 # Fields that may change between an interrupted run and its resumption.
 RESUMABLE_CHANGES = frozenset(
@@ -103,6 +105,19 @@ def open_run_dir(config, recipe, config_name):
 # ---------------------------------------------------------------------------
 # Checks before any work.
 # ---------------------------------------------------------------------------
+
+
+def check_fields(config):
+    """The fields with a fixed set of values that `config` has
+    (`--decay_type`, `--augmentation`, `--accumulator_dtype`,
+    `--first_moment_dtype`, `--cache`, `--jit_compile`): a bad value is an
+    expected failure naming the flag and the value, before any work."""
+    for field, choices in CHOICES.items():
+        if hasattr(config, field):
+            check_choice(config, field, choices)
+    for field in ("cache", "jit_compile"):
+        if hasattr(config, field):
+            check_auto_bool(config, field)
 
 
 def check_schedule(config, total_steps=None, warmup_steps=None):
@@ -240,8 +255,8 @@ def load_source(config, split, class_names=None):
 
 
 def cache_setting(config):
-    value = str(config.cache).lower()
-    return "auto" if value == "auto" else parse_bool(value)
+    """`--cache` as the pipelines take it: "auto", True or False."""
+    return check_auto_bool(config, "cache")
 
 
 @contextlib.contextmanager
@@ -311,16 +326,28 @@ def data_line(train_split, train_source, eval_split=None, eval_source=None):
 
 
 def model_kwargs(config):
-    """Keyword arguments of `keras_vit.ViT` from the config."""
+    """Keyword arguments of `keras_vit.ViT` from the config: `--dropout_rate`
+    (the named config's or the flag) unless `--model_overrides` gives a
+    `dropout_rate` of its own, which wins (issue 13)."""
     kwargs = dict(config.model_overrides)
     if config.dropout_rate is not None:
-        kwargs["dropout_rate"] = config.dropout_rate
+        kwargs.setdefault("dropout_rate", config.dropout_rate)
     return kwargs
 
 
 def inherited_dropout_warning(config):
-    """Issue 13: a custom model silently took a named config's dropout."""
-    if config.model is None and config.dropout_rate and "dropout_rate" not in config.model_overrides:
+    """Issue 13: the dropout a run trains with where it may surprise: a
+    custom model that takes a named config's dropout, or a `dropout_rate` in
+    `--model_overrides` that wins over another `--dropout_rate`."""
+    override = config.model_overrides.get("dropout_rate")
+    if override is not None:
+        if config.dropout_rate is not None and override != config.dropout_rate:
+            return (
+                f"warning: --model_overrides sets dropout_rate={override}, which wins over "
+                f"--dropout_rate={config.dropout_rate:g} (the config's or the flag's)."
+            )
+        return None
+    if config.model is None and config.dropout_rate:
         return (
             f"warning: the custom model (--model=none) trains with this config's dropout_rate="
             f"{config.dropout_rate:g}; pass --dropout_rate=0 to train without dropout."
@@ -399,15 +426,19 @@ def _example_count():
     return ExampleCount()
 
 
+def compile_options(config):
+    """`jit_compile` and `steps_per_execution` of `model.compile`, from
+    `--jit_compile` (auto, true or false) and `--steps_per_execution`."""
+    return dict(jit_compile=check_auto_bool(config, "jit_compile"), steps_per_execution=config.steps_per_execution)
+
+
 def compile_model(model, optimizer, loss, config):
     import keras
 
-    value = str(config.jit_compile).lower()
     model.compile(
         optimizer=optimizer,
         loss=loss,
-        jit_compile="auto" if value == "auto" else parse_bool(value),
-        steps_per_execution=config.steps_per_execution,
+        **compile_options(config),
         # Weighted: evaluation batches are padded with weight-0 rows.
         weighted_metrics=[
             keras.metrics.CategoricalAccuracy(name="accuracy"), _example_count(), _weighted_loss_metric(loss)
@@ -738,25 +769,40 @@ def print_summary(title, summary, keys):
     print("\n".join(lines), flush=True)
 
 
+def open_run(recipe, config, config_name):
+    """The start of every run, before the distribution: an unknown
+    `--model` refused, then the run directory opened (`open_run_dir`).
+    Returns the run directory."""
+    check_model(config)
+    return open_run_dir(config, recipe, config_name)
+
+
+def start_run(recipe, config, run_dir):
+    """The seeds, dtype policy and distribution set up (`set_up`), the
+    batches checked against its replicas (`check_batches`); returns
+    `(setup, start header lines)`."""
+    setup = set_up(config)
+    check_batches(config, setup)
+    return setup, start_header(recipe, run_dir, setup, config)
+
+
 def run_recipe(recipe, config, config_name, *, smoke, body, title, summary_keys):
     """Opens the run directory, sets up the distribution, runs `body` and
     writes the summary.
 
     `body(run_dir, setup, header)` returns the recipe's result dict; `header`
     are the start lines to print with the model's. A finished run (its
-    `summary.json` exists) prints the summary again and trains no more.
+    `summary.json` exists) prints the summary's `summary_keys` again and
+    trains no more.
     """
-    check_model(config)
-    run_dir = open_run_dir(config, recipe, config_name)
+    run_dir = open_run(recipe, config, config_name)
     summary_path = os.path.join(run_dir, "summary.json")
     done = read_json(summary_path)
     if done is not None:
         print_summary(f"{title} finished earlier: {run_dir}", done, summary_keys)
         return done
     start = time.perf_counter()
-    setup = set_up(config)
-    check_batches(config, setup)
-    header = start_header(recipe, run_dir, setup, config)
+    setup, header = start_run(recipe, config, run_dir)
     with smoke_mode(config, smoke):
         result = body(run_dir, setup, header)
     summary = {

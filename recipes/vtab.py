@@ -43,11 +43,6 @@ CSV_COLUMNS = (
 )
 
 
-def parse(argv=None):
-    """`(config_name, config, smoke)` from command-line arguments."""
-    return cli.parse(argv, configs, prog=PROG, description=DESCRIPTION)
-
-
 def select_tasks(spec):
     """The tasks named by `--tasks`, in the paper's order."""
     from keras_vit.data import vtab
@@ -116,6 +111,7 @@ def check_config(config):
     """Fails fast on settings that would make every task fail."""
     from keras_vit.data import vtab
 
+    skeleton.check_fields(config)
     cli.check_choice(config, "paper_model", vtab.PAPER_MODELS)
     if config.sweep:
         if len(config.steps_grid) != len(config.warmup_grid):
@@ -342,13 +338,11 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     """Runs the selected tasks; returns `{"rows": [...], "failed": [...],
     "report": markdown, "run_dir": ...}`."""
     check_config(config)
-    skeleton.check_model(config)
     tasks = select_tasks(config.tasks)
-    run_dir = skeleton.open_run_dir(config, "vtab", config_name)
-    setup = skeleton.set_up(config)
-    skeleton.check_batches(config, setup)
+    run_dir = skeleton.open_run("vtab", config, config_name)
+    setup, header = skeleton.start_run("vtab", config, run_dir)
     if config.verbose:
-        skeleton.print_header(skeleton.start_header("vtab", run_dir, setup, config) + [
+        skeleton.print_header(header + [
             f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
             f"updates of {config.batch_size} at {config.image_size} px"
         ])
@@ -395,9 +389,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     return {"rows": rows, "failed": failed, "report": markdown, "run_dir": run_dir}
 
 
-def main(argv=None, callbacks=()):
-    config_name, config, smoke = parse(argv)
-    return run(config, config_name, smoke=smoke, callbacks=callbacks)
+parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,14 @@ def test_augreg_presets_table():
 
 
 def test_configs_are_typed_attributes():
+    from keras_vit.data import pipelines
+    from keras_vit.training import schedules
+    from recipes import configs
+
+    # The recipes check these values before any work; the library's lists
+    # are the same (the configs import no framework, so they keep a copy).
+    assert configs.DECAY_TYPES == schedules.DECAY_TYPES
+    assert configs.AUGMENTATIONS == pipelines.FINETUNE_AUGMENTATIONS
     config = finetune_configs.get_config("cifar10")
     with pytest.raises(AttributeError, match="learnig_rate"):
         config.learnig_rate = 0.1
@@ -128,6 +136,26 @@ def test_one_dialect_for_every_recipe():
     assert smoke and config.image_size == (32,) and config.dataset == "synthetic"
     _, config, _ = pretrain_mpp.parse(["--smoke", "--run_dir", "/tmp/y", "--image_size", "16,32", "--total_steps=5"])
     assert (config.run_dir, config.image_size, config.total_steps) == ("/tmp/y", (16, 32), 5)
+
+
+def test_smoke_stand_in_data_lives_in_keras_vit_data_testing(tmp_path):
+    """`--smoke`'s generated images come from keras_vit.data.testing, with
+    the other stand-ins: inspect_vit's random-pixel PNGs, pretrain_mpp's
+    smooth colour fields."""
+    from PIL import Image
+
+    from keras_vit.data import testing
+
+    assert testing.smoke_images(str(tmp_path), (16, 24), count=2, seed=3) == str(tmp_path)
+    rng = np.random.default_rng(3)
+    for i in range(2):
+        want = rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)
+        np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / f"{i}.png")), want)
+    images = testing.synthetic_images(3, 16, 24, seed=1)
+    assert images.shape == (3, 16, 24, 3) and images.dtype == np.float32
+    assert np.abs(images).max() <= 0.95 + 1e-6 and images.std() > 0.1
+    np.testing.assert_array_equal(images, testing.synthetic_images(3, 16, 24, seed=1))
+    assert not hasattr(pretrain_mpp, "synthetic_images") and not hasattr(inspect_vit, "smoke_images")
 
 
 def test_help_imports_no_framework():
@@ -172,6 +200,31 @@ def test_named_configs_state_their_expected_result():
     assert "dropout_rate=0.1" in skeleton.inherited_dropout_warning(custom)
     assert skeleton.inherited_dropout_warning(table3) is None
     assert skeleton.inherited_dropout_warning(custom.replace(dropout_rate=0.0)) is None
+
+
+def test_dropout_in_model_overrides_wins_and_is_said():
+    """Issue 13: a `dropout_rate` inside --model_overrides is not overridden
+    by the config's --dropout_rate (imagenet2012 sets 0.1), and the start
+    header says which one the model trains with."""
+    _, config, _ = pretrain.parse([
+        "--config=imagenet2012", "--model=none", '--model_overrides={"hidden_size": 16, "dropout_rate": 0}',
+    ])
+    assert config.dropout_rate == 0.1 and skeleton.model_kwargs(config)["dropout_rate"] == 0
+    assert skeleton.inherited_dropout_warning(config) == (
+        "warning: --model_overrides sets dropout_rate=0, which wins over --dropout_rate=0.1 "
+        "(the config's or the flag's)."
+    )
+    model = skeleton.build_vit(config.replace(model_overrides=dict(config.model_overrides, **TINY)),
+                               input_shape=(16, 16, 3), num_classes=3)
+    assert model.get_layer("dropout").rate == 0 and model.get_layer("encoderblock_0").dropout_rate == 0
+    # The same value twice, or no --dropout_rate: nothing to say.
+    assert skeleton.inherited_dropout_warning(config.replace(dropout_rate=0.0)) is None
+    assert skeleton.inherited_dropout_warning(config.replace(dropout_rate=None)) is None
+    assert skeleton.model_kwargs(config.replace(dropout_rate=None))["dropout_rate"] == 0
+    # Without one in --model_overrides, --dropout_rate applies (and is warned about).
+    plain = config.replace(model_overrides={"hidden_size": 16})
+    assert skeleton.model_kwargs(plain)["dropout_rate"] == 0.1
+    assert "trains with this config's dropout_rate=0.1" in skeleton.inherited_dropout_warning(plain)
 
 
 # ---------------------------------------------------------------------------
@@ -278,7 +331,8 @@ def test_demo_rerun_is_instant_and_a_changed_config_is_refused(demo_run, monkeyp
     capsys.readouterr()
     again = demo.main(argv + ["--finetune_steps=4"])
     assert again["finetune"]["accuracy"] == outcome["finetune"]["accuracy"]
-    # A finished run prints its whole summary again.
+    # A finished run prints its main results again (finetune.SUMMARY_KEYS;
+    # the whole summary is in summary.json).
     out = capsys.readouterr().out
     assert f"Fine-tuning finished earlier: {run_dir / 'finetune'}" in out
     assert f"accuracy: {outcome['finetune']['accuracy']:.4f}" in out and "model_npz:" in out
@@ -539,7 +593,28 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     assert "--weights=" in _error(
         finetune.main, ["--smoke", run, f"--weights={tmp_path / 'missing.npz'}"], capsys)
     assert "--model_overrides" in _error(finetune.main, ["--smoke", run, '--model_overrides={"a": 1}'], capsys)
-    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing trained
+    # Fields with a fixed set of values, in every recipe that has them.
+    bad_values = [
+        (finetune.main, "--augmentation=crop", "['inception_crop', 'resize_crop', 'resize']"),
+        (finetune.main, "--decay_type=cosinus", "['cosine', 'linear']"),
+        (finetune.main, "--accumulator_dtype=float64", "['bfloat16', 'float32']"),
+        (finetune.main, "--cache=maybe", "['auto', 'true', 'false']"),
+        (finetune.main, "--jit_compile=maybe", "['auto', 'true', 'false']"),
+        (pretrain.main, "--decay_type=cosinus", "['cosine', 'linear']"),
+        (pretrain.main, "--first_moment_dtype=float64", "['bfloat16', 'float32']"),
+        (pretrain.main, "--cache=maybe", "['auto', 'true', 'false']"),
+        (pretrain_mpp.main, "--decay_type=cosinus", "['cosine', 'linear']"),
+        (pretrain_mpp.main, "--jit_compile=maybe", "['auto', 'true', 'false']"),
+        (vtab.main, "--augmentation=crop", "['inception_crop', 'resize_crop', 'resize']"),
+        (vtab.main, "--decay_type=cosinus", "['cosine', 'linear']"),
+        (demo.main, "--jit_compile=maybe", "['auto', 'true', 'false']"),
+    ]
+    for main, flag, choices in bad_values:
+        name, value = flag.split("=")
+        err = _error(main, ["--smoke", run, flag], capsys)
+        assert err == f"error: {name} must be one of {choices}. Received: {flag}\n", (main, err)
+    # Refused before any work: no training, no VTAB task, no demo data.
+    assert sorted(os.listdir(tmp_path / "run")) == ["config.json"]
     # A batch that does not split over the replicas: said before any work,
     # naming the flag and a value that works.
     config = finetune_configs.get_config(smoke=True).replace(batch_size=12)
@@ -548,6 +623,64 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     with pytest.raises(cli.RecipeError, match="--eval_batch_size=12 .* use --eval_batch_size=16"):
         skeleton.check_batches(config.replace(batch_size=16, eval_batch_size=12),
                                types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
+
+
+_TWO_WORKERS = json.dumps(
+    {"cluster": {"worker": ["localhost:12345", "localhost:12346"]}, "task": {"type": "worker", "index": 0}}
+)
+# A machine with 2 devices: the CPU split into 2 logical ones before the
+# recipe runs (as tests/test_distribute.py does), so TensorFlow loads before
+# the command; the command's own default for TF_CPP_MIN_LOG_LEVEL (`cli.run_command`)
+# is set first, as the command sets it before TensorFlow loads.
+_TWO_CPUS = (
+    "import os, runpy, sys\n"
+    "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')\n"
+    "import tensorflow as tf\n"
+    "cpu = tf.config.list_physical_devices('CPU')[0]\n"
+    "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
+    "sys.argv = ['recipes.finetune'] + sys.argv[1:]\n"
+    "runpy.run_module('recipes.finetune', run_name='__main__')\n"
+)
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the commands run on TensorFlow whatever the backend: once is enough")
+def test_distribution_failures_as_a_user_sees_them(tmp_path):
+    """Issue 14: `python -m recipes.finetune --smoke` in real processes
+    (stdout and stderr as a terminal shows them, about 20 s each, mostly
+    imports): no TPU, a batch that does not split over 2 replicas, TF_CONFIG
+    with 2 workers. Each ends in one `error:` line and nothing else (no
+    TensorFlow start-up lines, no traceback), status 2."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG", "TPU_NAME")}
+    env.update(KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT)
+    command = [sys.executable, "-m", "recipes.finetune", "--smoke"]
+    cases = {
+        "tpu": (command + [f"--run_dir={tmp_path / 'tpu'}", "--distribution=tpu"], {}),
+        "batch": ([sys.executable, "-c", _TWO_CPUS, "--smoke", f"--run_dir={tmp_path / 'batch'}",
+                   "--distribution=mirrored", "--accum_steps=1", "--batch_size=3"], {}),
+        "workers": (command + [f"--run_dir={tmp_path / 'workers'}", "--distribution=auto"],
+                    {"TF_CONFIG": _TWO_WORKERS}),
+    }
+    # One after the other: on 2 busy cores, processes started together each
+    # take as long as all of them in a row.
+    outputs = {}
+    for name, (argv, extra) in cases.items():
+        done = subprocess.run(argv, cwd=ROOT, env=dict(env, **extra), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=120)
+        outputs[name] = (done.stdout, done.returncode)
+    expected = {
+        "tpu": "error: --distribution=tpu: No TPU could be initialised for mode='tpu'. On Colab/Kaggle, "
+               "select a TPU runtime/accelerator;",
+        "batch": "error: --batch_size=3 with --accum_steps=1 gives micro-batches of 3, which do not split "
+                 "over the 2 replicas of distribution 'mirrored': use --batch_size=4 (a multiple of "
+                 "accum_steps x replicas = 2).",
+        "workers": "error: --distribution=auto: TF_CONFIG lists 2 workers, but keras_vit cannot train on "
+                   "several TensorFlow workers:",
+    }
+    for name, (output, returncode) in outputs.items():
+        lines = [line for line in output.splitlines() if line.strip()]
+        assert returncode == 2 and "Traceback" not in output, (name, output)
+        assert len(lines) == 1 and lines[0].startswith(expected[name]), (name, output)
+        assert not (tmp_path / name / "checkpoints").exists()
 
 
 def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):

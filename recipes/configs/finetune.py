@@ -58,7 +58,7 @@ class FinetuneConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     learning_rate: float = arg(0.03, "base learning rate (vit_jax default 0.03)")
     momentum: float = arg(0.9, "SGD momentum (optax order, not Nesterov)")
     accumulator_dtype: str = arg(
-        "bfloat16", "momentum buffer dtype (the original's is bfloat16; float32 for exact momentum)")
+        "bfloat16", "momentum buffer dtype: bfloat16 (the original's) or float32 (exact momentum)")
     augmentation: str = arg(
         "inception_crop", "training crop: inception_crop (vit_jax), resize_crop (paper/BiT: 448 -> "
         "384) or resize")

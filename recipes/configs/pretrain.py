@@ -37,7 +37,6 @@ AUGREG = {
     "strong2": ((2, 20), 0.8),
 }
 LOSSES = ("softmax", "sigmoid")
-AUGMENTATIONS = ("inception_crop", "resize", "resize_crop")
 
 
 @dataclasses.dataclass(eq=True)
@@ -61,7 +60,8 @@ class PretrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     decay_type: str = arg("cosine", "cosine or linear (Table 3)")
     linear_end: float = arg(1e-5, "final learning rate of the linear decay")
     weight_decay: float = arg(0.3, "decoupled weight decay times the learning rate, on kernels (Table 3)")
-    first_moment_dtype: str = arg("float32", "Adam first moment dtype (big_vision: bfloat16)")
+    first_moment_dtype: str = arg(
+        "float32", "Adam first moment dtype: float32 or bfloat16 (big_vision)")
     loss: str = arg(
         "softmax", "softmax (cross-entropy) or sigmoid (AugReg: per-class sigmoid, head bias -10 / -6.9)")
     label_smoothing: float = arg(0.0, "label smoothing")

@@ -33,7 +33,7 @@ class VtabConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     warmup_steps: int = arg(200, "linear warmup (AugReg's 200 for 2,500-step runs)")
     learning_rate: float = arg(0.01, "base learning rate (paper: 0.01)")
     momentum: float = arg(0.9, "SGD momentum")
-    accumulator_dtype: str = arg("bfloat16", "momentum buffer dtype (original: bfloat16)")
+    accumulator_dtype: str = arg("bfloat16", "momentum buffer dtype: bfloat16 (the original's) or float32")
     augmentation: str = arg(
         "resize_crop", "training crop: resize_crop (paper/BiT, 448 -> 384), inception_crop or resize; BiT's "
         "per-task switches still turn crops and flips off")
