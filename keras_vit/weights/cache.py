@@ -208,9 +208,9 @@ def _download(origin, directory, name, validate):
             _validate(fresh, validate, f"The file downloaded from {origin} is invalid")
         except InvalidFileError as e:
             raise InvalidFileError(f"{e} Nothing was cached.") from e
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(fresh, 0o644 & ~umask)
+        # `get_file` created it under the umask; drop group/other write bits
+        # on top (reading the umask itself is not thread-safe).
+        os.chmod(fresh, stat.S_IMODE(os.stat(fresh).st_mode) & 0o644)
         path = os.path.join(directory, name)
         _write_record(path, _sha256(fresh))
         os.replace(fresh, path)
