@@ -390,7 +390,7 @@ def _weighted_loss_metric(loss):
     size, so padding would shrink `val_loss`. This metric averages the
     per-example loss over the real examples; Keras reports compiled metrics
     after its loss tracker, so it is the `loss` of the logs (pinned by
-    tests/test_recipes.py). Training batches are unweighted: the same
+    tests/recipes/test_recipes.py). Training batches are unweighted: the same
     number as the tracker's.
     """
     import keras

@@ -15,9 +15,9 @@ LOWEST="${LOWEST:-1}"
 LOWEST_VENV="${KERAS_VIT_LOWEST_VENV:-.venv-lowest}"
 # The library's own tests; the recipes, benchmarks and docs tests need the
 # newest tools (TensorBoard, timm, scikit-learn) and run in the main environment.
-LOWEST_TESTS="tests/test_models.py tests/test_anatomy.py tests/test_layers.py tests/test_weights.py
-  tests/test_hybrid.py tests/test_data.py tests/test_vtab_tasks.py
-  tests/test_training.py tests/test_distribute.py tests/test_fault_tolerance.py"
+LOWEST_TESTS="tests/models/test_models.py tests/test_anatomy.py tests/layers/test_layers.py tests/weights/test_weights.py
+  tests/models/test_hybrid.py tests/data/test_data.py tests/data/test_vtab_tasks.py
+  tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py"
 source scripts/venv.sh
 ensure_venv
 "$VENV/bin/python" -m pip install -q --no-deps -e .

@@ -4,9 +4,13 @@ kinds, and the checks every layer and model kind goes through (config and
 serialization round trip, saving, a gradient reaching every weight)."""
 
 import json
+import pathlib
 
 import keras
 import numpy as np
+
+# The repository root (tests are laid out like the package, one folder deep).
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 # The model kinds keras_vit builds, tiny: builder keywords for
 # `keras_vit.ViT(None, **TINY_WIDTHS, **MODEL_KINDS[kind])`. One table for

@@ -12,7 +12,8 @@ import pytest
 
 import keras_vit
 from keras_vit import class_names
-from tests.test_weights import bucket  # noqa: F401  (a fixture)
+from tests.weights.test_weights import bucket  # noqa: F401  (a fixture)
+from tests.helpers import ROOT
 
 
 def test_imagenet2012_names_of_known_indices():
@@ -39,7 +40,7 @@ def test_imagenet2012_order_is_tfds_and_names_are_first_wordnet_lemmas():
 
 def test_names_file_is_package_data():
     assert (importlib.resources.files("keras_vit") / "resources" / "imagenet2012_classes.txt").is_file()
-    pyproject = (pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"resources/*.txt"' in pyproject
 
 
@@ -108,7 +109,7 @@ def test_imagenet21k_names_missing_is_a_clear_error(local_bucket, monkeypatch, t
 
 
 # The download through the weights cache, with a server's faults (the
-# loopback `bucket` fixture of tests/test_weights.py).
+# loopback `bucket` fixture of tests/weights/test_weights.py).
 LEMMAS = "bit_models/imagenet21k_wordnet_lemmas.txt"
 
 

@@ -17,9 +17,10 @@ import pytest
 
 import keras_vit
 from keras_vit import distribute, training
+from tests.helpers import ROOT as REPO_ROOT
 
 BACKEND = keras.backend.backend()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 TINY = dict(
     hidden_size=16, mlp_dim=32, num_heads=4, num_layers=1, patch_size=8,
     input_shape=(16, 16, 3), num_classes=5,

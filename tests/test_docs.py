@@ -1,11 +1,9 @@
 """The documentation stays true: the README quick start runs as written and
 the generated tables match their single sources."""
 
-import pathlib
 import re
 
-
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT
 
 
 def test_readme_quick_start_runs(tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ under the same 8-replica DataParallel as on an 8-core TPU."""
 import csv
 import json
 import os
-import pathlib
 
 import keras
 import numpy as np
@@ -15,14 +14,13 @@ import pytest
 
 import keras_vit
 from keras_vit.weights import augreg as augreg_lib
-from tests.helpers import assert_close_rel, randomize_weights
+from tests.helpers import ROOT, assert_close_rel, randomize_weights
 
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "docs" / "notebooks" / "finetune_tpu.ipynb"
 BACKEND = keras.backend.backend()
 

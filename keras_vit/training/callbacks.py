@@ -279,7 +279,7 @@ class BackupAndResume(keras.callbacks.Callback):
         soon as they are done). No callback hook can skip a batch, and
         training the batches again and then reloading would repeat up to
         `save_freq` steps of compute; this private seam is tested in
-        tests/test_fault_tolerance.py (see docs/training.md)."""
+        tests/training/test_fault_tolerance.py (see docs/training.md)."""
         original = model.train_function
         if not callable(original):
             raise RuntimeError(
@@ -478,7 +478,7 @@ def _state(variable):
 
 def _global_seed_state():
     # Keras' global SeedGenerator (unseeded `keras.random` calls) has no
-    # public accessor: private seam, tested in tests/test_fault_tolerance.py.
+    # public accessor: private seam, tested in tests/training/test_fault_tolerance.py.
     from keras.src.backend.common import global_state
     from keras.src.random import seed_generator
 

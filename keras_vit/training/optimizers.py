@@ -25,7 +25,7 @@ methods (`apply`, `build`, `update_step`, `add_variable*`, `iterations`)
 and `keras.distribution.distribution()`, except `_get_variable_index`, which every
 built-in Keras optimizer uses to find a variable's slots (under
 `tf.distribute`, `update_step` receives per-device copies that only Keras
-can map back); `tests/test_training.py` fails loudly if it changes.
+can map back); `tests/training/test_training.py` fails loudly if it changes.
 """
 
 import keras

@@ -3,14 +3,15 @@ is never asserted: see docs/performance.md)."""
 
 import json
 import math
-import pathlib
 import sys
 
 import keras
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "benchmarks"))
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench  # noqa: E402
 import input_pipeline  # noqa: E402
 import real_images  # noqa: E402

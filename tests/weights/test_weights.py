@@ -32,7 +32,7 @@ import keras_vit
 from keras_vit.layers.position_embedding import resample_grid, resample_position_embedding
 from keras_vit.weights import cache, read_npz, registry
 from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables, prepare_npz
-from tests.helpers import randomize_weights
+from tests.helpers import ROOT, randomize_weights
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 TINY = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2, patch_size=8)
@@ -378,7 +378,7 @@ keras_vit.export_npz(model, sys.argv[1])
 def test_export_cleans_temporaries_of_a_killed_export(tmp_path):
     path = tmp_path / "model.npz"
     # File handling does not depend on the backend: the lightest to import.
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "numpy"}
     killed = subprocess.run([sys.executable, "-c", KILLED_EXPORT, str(path)], env=env)
     assert killed.returncode == -signal.SIGKILL
     leftovers = [p.name for p in tmp_path.iterdir()]
@@ -846,7 +846,7 @@ def test_two_processes_share_one_download(bucket, tmp_path):
     bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
     bucket.chunk_delay = 0.05  # A slow server: the download takes about a second.
     # The cache does not depend on the backend: the lightest to import.
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "numpy"}
     flags = [tmp_path / "ready0", tmp_path / "ready1"]
     processes = [
         subprocess.Popen(
@@ -877,7 +877,7 @@ def test_download_killed_midway_leaves_nothing_behind(bucket, tmp_path):
     source = randomize_weights(tiny())
     data = bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
     bucket.chunk_delay = 0.2  # 4 KiB every 0.2 s: several seconds in all.
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1]), "KERAS_BACKEND": "numpy"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "numpy"}
     process = subprocess.Popen(
         [sys.executable, "-c", FETCH_AND_BE_KILLED], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -917,8 +917,8 @@ def test_download_killed_midway_leaves_nothing_behind(bucket, tmp_path):
 
 
 def test_golden_logits_from_timm():
-    """tests/golden/: random weights for the "testing" config, an input batch
-    and timm's logits for them (made by tests/golden/make_golden.py); every
+    """tests/weights/golden/: random weights for the "testing" config, an input batch
+    and timm's logits for them (made by tests/weights/golden/make_golden.py); every
     backend must reproduce them."""
     golden = np.load(GOLDEN / "testing_io.npz")
     model = keras_vit.get_model(

@@ -134,7 +134,7 @@ def _child():
 
 def _run(workdir):
     env = child_env(KERAS_BACKEND=BACKEND, KERAS_VIT_TEST_WORKDIR=str(workdir))
-    code = "from tests.test_fault_tolerance import _child; _child()"
+    code = "from tests.training.test_fault_tolerance import _child; _child()"
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
         text=True, timeout=300,
@@ -611,7 +611,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-_MP_WORKER = "from tests.test_fault_tolerance import _mp_worker; _mp_worker()"
+_MP_WORKER = "from tests.training.test_fault_tolerance import _mp_worker; _mp_worker()"
 
 
 def _mp_run(workdir):

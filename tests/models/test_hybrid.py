@@ -54,7 +54,7 @@ TINY = {
     "root": dict(resnet=(), patch_size=4, resnet_width_factor=1),
     "small": dict(resnet=(1,), patch_size=2, resnet_width_factor=0.5, num_layers=1),
 }
-# The Transformer part of tests/test_models.py's tiny models (shared jax
+# The Transformer part of tests/models/test_models.py's tiny models (shared jax
 # compilations when the suite runs in one process).
 TRANSFORMER = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2)
 LOW, HIGH = 64, 96

@@ -30,10 +30,11 @@ from recipes import run as skeleton
 from recipes import vtab
 from recipes.configs import finetune as finetune_configs
 from recipes.configs import pretrain as pretrain_configs
+from tests.helpers import ROOT as REPO_ROOT
 from tests.helpers import fast_jax_compiles
 
 BACKEND = keras.backend.backend()
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO_ROOT)
 TINY = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, patch_size=4)
 POSEMB = "Transformer/posembed_input/pos_embedding"
 
@@ -482,7 +483,7 @@ def _run_child(run_dir):
     env = dict(os.environ, KERAS_BACKEND=BACKEND, KERAS_VIT_TEST_RUN_DIR=str(run_dir),
                TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
     return subprocess.run(
-        [sys.executable, "-c", "from tests.test_recipes import _child; _child()"],
+        [sys.executable, "-c", "from tests.recipes.test_recipes import _child; _child()"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
 

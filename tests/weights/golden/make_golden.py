@@ -1,6 +1,6 @@
-"""Writes the golden files used by tests/test_weights.py.
+"""Writes the golden files used by tests/weights/test_weights.py.
 
-    PYTHONPATH=. KERAS_BACKEND=jax python tests/golden/make_golden.py
+    PYTHONPATH=. KERAS_BACKEND=jax python tests/weights/golden/make_golden.py
 
 `testing.npz`: random weights for the original "testing" config (original key
 names), `testing_io.npz`: an input batch and the logits timm computes for them

@@ -15,7 +15,7 @@ from recipes import finetune
 from recipes import run as skeleton
 from recipes import vtab as runner
 from recipes.configs.vtab import VtabConfig
-from tests.helpers import fast_jax_compiles
+from tests.helpers import ROOT, fast_jax_compiles
 
 SMOKE = ["--smoke", "--total_steps=4", "--log_every=2", "--checkpoint_every=2", "--verbose=0"]
 # Training each of the 19 tasks for real costs seconds per task on CPU (a
@@ -245,7 +245,7 @@ def test_augreg_sweep_choices(tmp_path, monkeypatch):
 
 
 def test_docs_paper_group_means_match_the_table():
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "vtab.md")
+    path = os.path.join(ROOT, "docs", "vtab.md")
     with open(path, encoding="utf-8") as f:
         rows = [l for l in f if l.startswith("| ViT-") and ", paper |" in l and l.count("|") == 6]
     assert len(rows) == 3

@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 
 import keras_vit.data
 from keras_vit.data import vtab
+from tests.helpers import ROOT
 
 # task key: (paper name, group, tfds builder, classes, val200, test, flip, crop)
 # From task_adaptation's data/*.py (offsets: percent * catalog train size // 100)
@@ -361,7 +362,7 @@ def test_missing_and_manual_datasets_say_what_to_do(tmp_path):
 def test_docs_table_matches_the_code():
     import os
 
-    path = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "vtab.md")
+    path = os.path.join(ROOT, "docs", "vtab.md")
     with open(path, encoding="utf-8") as f:
         rows = {line.split("|")[2].strip(): line for line in f if line.startswith("| ") and line[2].isdigit()}
     assert list(rows) == [t.name for t in vtab.TASKS]

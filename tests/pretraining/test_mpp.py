@@ -22,8 +22,9 @@ from keras_vit.pretraining import (
     quantize_colors,
 )
 from keras_vit.weights.npz import checkpoint_variables
+from tests.helpers import ROOT
 
-RECIPE = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "pretrain_mpp.py")
+RECIPE = os.path.join(ROOT, "recipes", "pretrain_mpp.py")
 TINY = dict(hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32, patch_size=8)
 
 

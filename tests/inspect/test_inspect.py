@@ -11,9 +11,9 @@ import pytest
 
 import keras_vit
 from keras_vit import inspect as vi
-from tests.helpers import randomize_weights
+from tests.helpers import ROOT, randomize_weights
 
-RECIPE = os.path.join(os.path.dirname(__file__), os.pardir, "recipes", "inspect_vit.py")
+RECIPE = os.path.join(ROOT, "recipes", "inspect_vit.py")
 TINY = dict(hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32)
 
 
