@@ -194,6 +194,7 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, header=()
     def eval_data(batch_size):
         return data.finetune_pipeline(
             eval_source, training=False, batch_size=batch_size, image_size=config.image_size, cache=cache,
+            pad_to_batch=True,
         )
 
     header = [*header, skeleton.data_line(train_split, train_source, eval_split, eval_source)]

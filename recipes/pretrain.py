@@ -123,7 +123,8 @@ def run(config, config_name=None, smoke=False, callbacks=()):
 
         def eval_data(batch_size):
             pipeline = data.pretrain_pipeline if config.augmentation == "inception_crop" else data.finetune_pipeline
-            return pipeline(eval_source, training=False, batch_size=batch_size, image_size=size, cache=cache)
+            return pipeline(eval_source, training=False, batch_size=batch_size, image_size=size, cache=cache,
+                            pad_to_batch=True)
 
         def build():
             model, notes = build_model(effective, num_classes)

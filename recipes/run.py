@@ -385,7 +385,7 @@ def hidden_size(config):
 def _weighted_loss_metric(loss):
     """The loss as a weighted metric named `loss`.
 
-    Evaluation batches are padded with weight-0 rows (`pad_batches`); Keras'
+    Evaluation batches are padded with weight-0 rows (`pad_to_batch`); Keras'
     own loss tracker averages batch losses weighted by the padded batch
     size, so padding would shrink `val_loss`. This metric averages the
     per-example loss over the real examples; Keras reports compiled metrics
@@ -599,7 +599,8 @@ def train_and_evaluate(
         train_data: function `(micro_batch_size) -> tf.data.Dataset` of
             training batches (repeating).
         eval_data: function `(batch_size) -> tf.data.Dataset` of evaluation
-            batches (one pass), or None.
+            batches (one pass, padded to full weighted batches: a pipeline's
+            `pad_to_batch=True`), or None.
         eval_label: what the evaluation runs on, for the progress output.
         header: lines printed at the start (before the model's).
         callbacks: extra Keras callbacks.
@@ -611,7 +612,6 @@ def train_and_evaluate(
     import keras
 
     from keras_vit import training
-    from keras_vit.data.padding import pad_batches
 
     result_path = os.path.join(run_dir, "result.json")
     finished = read_json(result_path)
@@ -625,9 +625,6 @@ def train_and_evaluate(
     os.makedirs(run_dir, exist_ok=True)
     start = time.perf_counter()
     eval_batch = getattr(config, "eval_batch_size", None)
-
-    def padded_eval():
-        return pad_batches(eval_data(eval_batch), eval_batch)
 
     with setup.scope():
         model, notes = build()
@@ -658,7 +655,7 @@ def train_and_evaluate(
         validation = {}
         eval_every = getattr(config, "eval_every", 0) or 0
         if eval_every and eval_data is not None:
-            validation = dict(validation_data=padded_eval(), validation_freq=eval_every // log_every)
+            validation = dict(validation_data=eval_data(eval_batch), validation_freq=eval_every // log_every)
         history = model.fit(
             train_data(micro_batch),
             steps_per_epoch=log_every * accum,
@@ -673,7 +670,7 @@ def train_and_evaluate(
         train_time = time.perf_counter() - start
         evaluation = {}
         if eval_data is not None:
-            logs = model.evaluate(padded_eval(), verbose=0, return_dict=True, callbacks=[shown])
+            logs = model.evaluate(eval_data(eval_batch), verbose=0, return_dict=True, callbacks=[shown])
             evaluation = {
                 "accuracy": float(logs["accuracy"]),
                 "eval_loss": float(logs["loss"]),

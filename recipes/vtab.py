@@ -91,7 +91,8 @@ def task_data(config, task, train_split, eval_split):
         )
 
     def eval_data(batch_size):
-        return vtab.vtab_pipeline(task, eval_split, batch_size=batch_size, training=False, **common_args)
+        return vtab.vtab_pipeline(
+            task, eval_split, batch_size=batch_size, training=False, pad_to_batch=True, **common_args)
 
     return train_data, eval_data
 

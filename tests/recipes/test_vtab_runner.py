@@ -147,7 +147,10 @@ def smoke_runs(tmp_path_factory):
                             num_classes=num_classes, **kwargs)
         images, labels = next(iter(train_data(4)))
         assert images.shape == (4, 16, 16, 3) and labels.shape == (4, num_classes)
-        labels = np.concatenate([np.asarray(y) for _, y in eval_data(8)])
+        # Evaluation batches come padded to 8 with weight-0 rows.
+        batches = [(np.asarray(y), np.asarray(w)) for _, y, w in eval_data(8)]
+        assert all(len(w) == 8 for _, w in batches)
+        labels = np.concatenate([y[w > 0] for y, w in batches])
         accuracy = float(np.mean(labels.argmax(-1) == 0))  # "always class 0"
         stubbed[key] = 100.0 * accuracy
         return {"accuracy": accuracy, "eval_examples": len(labels), "steps": config.total_steps}
