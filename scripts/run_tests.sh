@@ -36,7 +36,7 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 status=0
 for backend in $BACKENDS; do
   echo "== KERAS_BACKEND=$backend"
-  KERAS_BACKEND="$backend" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --large "$@" || status=1
+  KERAS_BACKEND="$backend" "$VENV/bin/python" -m pytest -q -p no:cacheprovider --large --durations=10 "$@" || status=1
 done
 if [ "$LOWEST" = 1 ]; then
   # The checkout itself is imported (PYTHONPATH), not installed, so this
