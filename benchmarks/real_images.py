@@ -41,7 +41,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The issue-13 set-up; `--smoke` shrinks it.
+# The compared set-up (docs/performance.md); `--smoke` shrinks it.
 MODEL = dict(hidden_size=128, mlp_dim=512, num_heads=4, num_layers=4, patch_size=4)
 SMOKE_MODEL = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=4)
 # Updates skipped before timing (the recipe's `throughput_timer(skip=2)`).

@@ -328,7 +328,7 @@ def data_line(train_split, train_source, eval_split=None, eval_source=None):
 def model_kwargs(config):
     """Keyword arguments of `keras_vit.ViT` from the config: `--dropout_rate`
     (the named config's or the flag) unless `--model_overrides` gives a
-    `dropout_rate` of its own, which wins (issue 13)."""
+    `dropout_rate` of its own, which wins."""
     kwargs = dict(config.model_overrides)
     if config.dropout_rate is not None:
         kwargs.setdefault("dropout_rate", config.dropout_rate)
@@ -336,7 +336,7 @@ def model_kwargs(config):
 
 
 def inherited_dropout_warning(config):
-    """Issue 13: the dropout a run trains with where it may surprise: a
+    """The dropout a run trains with where it may surprise: a
     custom model that takes a named config's dropout, or a `dropout_rate` in
     `--model_overrides` that wins over another `--dropout_rate`."""
     override = config.model_overrides.get("dropout_rate")
