@@ -288,12 +288,9 @@ def finetune_pipeline(
             `dtype="float32"` under a mixed dtype policy). Not part of the
             paper's set-up; None (the default)
             leaves the pipeline as it is. Ignored at evaluation.
-        pad_to_batch: bool. Evaluation only: pad the last batch to
-            `batch_size` with weight-0 rows and yield `(images, labels,
-            weights)` (as `keras_vit.data.padding.pad_batches`): one static
-            shape for every step (one compiled function, XLA and TPU
-            friendly), batches that split evenly over replicas, and weighted
-            metrics that count the real examples only. Defaults to False.
+        pad_to_batch: bool. Evaluation only: full `(images, labels,
+            weights)` batches, the last padded with weight-0 rows, as in
+            `pretrain_pipeline`. Defaults to False.
 
     Returns:
         A `tf.data.Dataset` of `(images, labels)`: float32

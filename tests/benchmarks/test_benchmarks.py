@@ -67,8 +67,8 @@ def test_real_images_schedule_is_keras_vits():
 
 
 def test_real_images_recipe_command_pins_the_set_up():
-    args = real_images.parse_args(["--data=/data/x", "--recipe-flags=--steps_per_execution=4"])
-    command = real_images.recipe_command(args, seed=2, run_dir="/tmp/run")
+    args = real_images.parse_args(["--data=cifar10_folder", "--recipe-flags=--steps_per_execution=4"])
+    command = real_images.recipe_command(args, seed=2, run_dir="runs/seed2")
     flags = dict(a[2:].split("=", 1) for a in command if a.startswith("--") and "=" in a)
     # No dropout inherited from the named config, the model and optimizer.
     assert flags["dropout_rate"] == "0" and flags["pre_logits"] == "false"

@@ -125,18 +125,18 @@ def test_configs_are_typed_attributes():
 def test_one_dialect_for_every_recipe():
     """The same flags for the same things; older spellings still parse."""
     for recipe in (finetune, pretrain, vtab, pretrain_mpp):
-        _, config, _ = recipe.parse(["--smoke", "--run_dir=/tmp/x", "--seed=3", "--distribution=none"])
-        assert (config.run_dir, config.seed, config.distribution) == ("/tmp/x", 3, "none"), recipe
+        _, config, _ = recipe.parse(["--smoke", "--run_dir=runs/x", "--seed=3", "--distribution=none"])
+        assert (config.run_dir, config.seed, config.distribution) == ("runs/x", 3, "none"), recipe
         assert hasattr(config, "total_steps") and hasattr(config, "model_overrides"), recipe
-    _, config, _ = demo.parse(["--smoke", "--run_dir=/tmp/x", "--seed=3"])
-    assert (config.run_dir, config.seed, config.pretrain_steps) == ("/tmp/x", 3, 4)
-    _, config, _ = inspect_vit.parse(["--run_dir=/tmp/x", "--image_size=16,24"])
-    assert (config.run_dir, config.image_size) == ("/tmp/x", (16, 24))
+    _, config, _ = demo.parse(["--smoke", "--run_dir=runs/x", "--seed=3"])
+    assert (config.run_dir, config.seed, config.pretrain_steps) == ("runs/x", 3, 4)
+    _, config, _ = inspect_vit.parse(["--run_dir=runs/x", "--image_size=16,24"])
+    assert (config.run_dir, config.image_size) == ("runs/x", (16, 24))
     # pretrain_mpp: --smoke no longer ignores the input size (issue 15).
     _, config, smoke = pretrain_mpp.parse(["--smoke", "--image_size=32"])
     assert smoke and config.image_size == (32,) and config.dataset == "synthetic"
-    _, config, _ = pretrain_mpp.parse(["--smoke", "--run_dir", "/tmp/y", "--image_size", "16,32", "--total_steps=5"])
-    assert (config.run_dir, config.image_size, config.total_steps) == ("/tmp/y", (16, 32), 5)
+    _, config, _ = pretrain_mpp.parse(["--smoke", "--run_dir", "runs/y", "--image_size", "16,32", "--total_steps=5"])
+    assert (config.run_dir, config.image_size, config.total_steps) == ("runs/y", (16, 32), 5)
 
 
 def test_smoke_stand_in_data_lives_in_keras_vit_data_testing(tmp_path):

@@ -46,6 +46,12 @@ def weights_of(model):
     return [v.numpy().copy() for v in model.weights]
 
 
+def assert_unchanged(model, before):
+    """The all-or-nothing rule: a refused file left every weight as it was."""
+    for a, b in zip(before, weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+
+
 def export(tmp_path, model, name="ckpt.npz"):
     return str(keras_vit.export_npz(model, tmp_path / name))
 
@@ -156,8 +162,7 @@ def test_checkpoint_of_another_variant_is_refused_and_model_unchanged(tmp_path):
     assert "model is unchanged" in message and "width 24" in message
     assert "shape mismatch: embedding/kernel is (8, 8, 3, 24)" in message
     assert "Transformer/encoderblock_1/MlpBlock_3/Dense_1/kernel" in message
-    for a, b in zip(before, weights_of(model)):
-        np.testing.assert_array_equal(a, b)
+    assert_unchanged(model, before)
 
 
 def test_missing_and_unexpected_keys_are_all_listed(tmp_path):
@@ -203,8 +208,7 @@ def test_h5_of_another_variant_leaves_the_model_unchanged(tmp_path):
     before = weights_of(model)
     with pytest.raises(ValueError, match="model is unchanged"):
         keras_vit.load_weights(model, str(tmp_path / "other.weights.h5"))
-    for a, b in zip(before, weights_of(model)):
-        np.testing.assert_array_equal(a, b)
+    assert_unchanged(model, before)
 
 
 @pytest.mark.parametrize("bad", [
@@ -219,8 +223,7 @@ def test_non_float_arrays_are_refused_before_any_assignment(tmp_path, bad):
     before = weights_of(model)
     with pytest.raises(ValueError, match=re.escape(f"head/kernel has dtype {bad.dtype}; a floating")):
         keras_vit.load_weights(model, str(tmp_path / "bad.npz"))
-    for a, b in zip(before, weights_of(model)):
-        np.testing.assert_array_equal(a, b)
+    assert_unchanged(model, before)
 
 
 def test_float16_and_float64_arrays_load(tmp_path):
@@ -242,8 +245,7 @@ def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
     before = weights_of(model)
     with pytest.raises(ValueError, match="Dense_0/kernel holds 1 NaN or infinite value"):
         keras_vit.load_weights(model, str(tmp_path / "nan.npz"))
-    for a, b in zip(before, weights_of(model)):
-        np.testing.assert_array_equal(a, b)
+    assert_unchanged(model, before)
     keras_vit.load_weights(model, str(tmp_path / "nan.npz"), allow_nonfinite=True)
     kernel = model.get_layer("encoderblock_1").mlp.dense_0.kernel.numpy()
     np.testing.assert_array_equal(kernel[3, 4], value)
@@ -283,8 +285,7 @@ def test_weights_h5_of_a_deeper_model_is_refused_listing_the_extra_weights(tmp_p
     message = str(error.value)
     assert "model is unchanged" in message and "16 problem(s)" in message
     assert "not in the model: layers/transformer_encoder_block_1/mlp/dense_0/vars/0 (16, 32)" in message
-    for a, b in zip(before, weights_of(model)):
-        np.testing.assert_array_equal(a, b)
+    assert_unchanged(model, before)
 
 
 def test_weights_h5_non_finite_values_are_refused(tmp_path):
