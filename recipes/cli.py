@@ -15,7 +15,9 @@ no TPU, ...) end in one line `error: ...` and exit status 2, no traceback.
 import argparse
 import json
 import os
+import re
 import sys
+import tempfile
 import typing
 
 NONE = ("none", "null", "")
@@ -207,6 +209,7 @@ def entry_points(configs, run, *, prog, description):
     def main(argv=None, **kwargs):
         """Parses `argv` (default: `sys.argv[1:]`) and runs the recipe."""
         config_name, config, smoke = parse_argv(argv)
+        import_tensorflow_quietly()
         return run(config, config_name, smoke=smoke, **kwargs)
 
     return parse_argv, main
@@ -221,13 +224,60 @@ def one_line(error, details=3):
     return "; ".join(lines[: details + 1]) + f"; ... ({len(lines) - details - 1} more lines)"
 
 
+# What TensorFlow's native libraries print to stderr as they load, whatever
+# TF_CPP_MIN_LOG_LEVEL says: absl's notice that it logs before being
+# initialised, and INFO lines in absl's format (`I0000 00:00:1764028026.123456
+# 42 port.cc:153] oneDNN custom operations are on. ...`, twice per process on
+# CPUs with AMX or AVX512-BF16; before initialisation the time is in seconds).
+# Warnings (W...) and errors (E..., F...) are kept.
+_TENSORFLOW_STARTUP_LINE = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called"
+    r"|I\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [^\]\s]+:\d+\] "
+)
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow (the recipes' input pipelines need it) with its
+    native start-up information lines left out of stderr, so that a recipe's
+    expected failure is one line on every CPU.
+
+    The native libraries write to file descriptor 2 directly, so it is
+    pointed at a temporary file during the import; everything else written
+    there (Python warnings, native warnings and errors) is written back to
+    stderr afterwards, in order. Nothing changes numerically (oneDNN stays as
+    TensorFlow chose). A no-op once TensorFlow is imported; if it is not
+    installed, the later import that needs it reports that.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            pass
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            text = captured.read().decode("utf-8", errors="replace")
+    kept = [line for line in text.splitlines(keepends=True) if not _TENSORFLOW_STARTUP_LINE.match(line)]
+    sys.stderr.write("".join(kept))
+    sys.stderr.flush()
+
+
 def run_command(main):
     """Runs a recipe's `main()` as a command: an expected failure prints one
     `error:` line and exits with status 2.
 
-    TensorFlow's C++ information lines (CPU features, oneDNN, ... printed
-    when it loads) are left out unless `TF_CPP_MIN_LOG_LEVEL` is set, so that
-    an expected failure is the one line on stderr; warnings and errors stay.
+    TensorFlow's C++ information lines (CPU features, ... printed when it
+    loads) are left out unless `TF_CPP_MIN_LOG_LEVEL` is set, and the lines
+    that ignore it are filtered (`import_tensorflow_quietly`), so that an
+    expected failure is the one line on stderr; warnings and errors stay.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     try:

@@ -47,6 +47,7 @@ _fast_compiles = pytest.fixture(scope="module", autouse=True, name="_fast_compil
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.one_backend
 def test_flags_override_any_field_and_help_lists_them(capsys):
     name, config, smoke = finetune.parse([
         "--config=cifar100", "--learning_rate=0.003", "--lr_grid=0.1,0.2", "--sweep",
@@ -87,6 +88,7 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
     assert "Received: config='cifar11'" in capsys.readouterr().err
 
 
+@pytest.mark.one_backend
 def test_augreg_presets_table():
     """AugReg's presets (Steiner et al. Sec. 3.3; big_vision RANDAUG_DEF,
     MIXUP_DEF), beside the pre-training config that uses them."""
@@ -99,6 +101,7 @@ def test_augreg_presets_table():
     }
 
 
+@pytest.mark.one_backend
 def test_configs_are_typed_attributes():
     from keras_vit.data import pipelines
     from keras_vit.training import schedules
@@ -122,6 +125,7 @@ def test_configs_are_typed_attributes():
     assert pretrain_configs.get_config("augreg_imagenet21k").augreg == "medium1"
 
 
+@pytest.mark.one_backend
 def test_one_dialect_for_every_recipe():
     """The same flags for the same things; older spellings still parse."""
     for recipe in (finetune, pretrain, vtab, pretrain_mpp):
@@ -139,6 +143,7 @@ def test_one_dialect_for_every_recipe():
     assert (config.run_dir, config.image_size, config.total_steps) == ("runs/y", (16, 32), 5)
 
 
+@pytest.mark.one_backend
 def test_smoke_stand_in_data_lives_in_keras_vit_data_testing(tmp_path):
     """`--smoke`'s generated images come from keras_vit.data.testing, with
     the other stand-ins: inspect_vit's random-pixel PNGs, pretrain_mpp's
@@ -159,6 +164,7 @@ def test_smoke_stand_in_data_lives_in_keras_vit_data_testing(tmp_path):
     assert not hasattr(pretrain_mpp, "synthetic_images") and not hasattr(inspect_vit, "smoke_images")
 
 
+@pytest.mark.one_backend
 def test_help_imports_no_framework():
     """`--help` answers before Keras, TensorFlow, JAX or PyTorch are imported."""
     code = (
@@ -178,6 +184,7 @@ def test_help_imports_no_framework():
     assert out.stdout.count("Named configs (--config=NAME)") == 6
 
 
+@pytest.mark.one_backend
 def test_named_configs_state_their_expected_result():
     expected = {
         "cifar10": "99.02", "cifar100": "92.06", "imagenet2012": "84.53",
@@ -633,28 +640,61 @@ _TWO_WORKERS = json.dumps(
 )
 # A machine with 2 devices: the CPU split into 2 logical ones before the
 # recipe runs (as tests/test_distribute.py does), so TensorFlow loads before
-# the command; the command's own default for TF_CPP_MIN_LOG_LEVEL (`cli.run_command`)
-# is set first, as the command sets it before TensorFlow loads.
+# the command; it loads as the command loads it (`cli.run_command` sets
+# TF_CPP_MIN_LOG_LEVEL's default, `cli.import_tensorflow_quietly` filters).
 _TWO_CPUS = (
     "import os, runpy, sys\n"
     "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')\n"
+    "from recipes import cli\n"
+    "cli.import_tensorflow_quietly()\n"
     "import tensorflow as tf\n"
     "cpu = tf.config.list_physical_devices('CPU')[0]\n"
     "tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
     "sys.argv = ['recipes.finetune'] + sys.argv[1:]\n"
     "runpy.run_module('recipes.finetune', run_name='__main__')\n"
 )
+# What TensorFlow 2.21's native libraries print at import on a CPU with AMX,
+# whatever TF_CPP_MIN_LOG_LEVEL says (twice per process), written to file
+# descriptor 2 as native code writes it, so that any CPU shows it; and a
+# native warning, which must reach the user.
+_AMX_STARTUP = (
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+    "I0000 00:00:1764028026.123456   4242 port.cc:153] oneDNN custom operations are on. You may see "
+    "slightly different numerical results due to floating-point round-off errors from different "
+    "computation orders. To turn them off, set the environment variable `TF_ENABLE_ONEDNN_OPTS=0`.\n"
+) * 2 + "W0000 00:00:1764028026.200000   4242 native.cc:1] a native warning\n"
+_SITECUSTOMIZE = f"""
+import os, sys
+
+class _LoudTensorFlow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "tensorflow":
+            sys.meta_path.remove(self)
+            os.write(2, {_AMX_STARTUP.encode()!r})
+        return None
+
+sys.meta_path.insert(0, _LoudTensorFlow())
+"""
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="the commands run on TensorFlow whatever the backend: once is enough")
 def test_distribution_failures_as_a_user_sees_them(tmp_path):
-    """Issue 14: `python -m recipes.finetune --smoke` in real processes
-    (stdout and stderr as a terminal shows them, about 20 s each, mostly
-    imports): no TPU, a batch that does not split over 2 replicas, TF_CONFIG
-    with 2 workers. Each ends in one `error:` line and nothing else (no
-    TensorFlow start-up lines, no traceback), status 2."""
+    """`python -m recipes.finetune --smoke` in real processes (stdout and
+    stderr as a terminal shows them, about 20 s each, mostly imports): no
+    TPU, a batch that does not split over 2 replicas, TF_CONFIG with 2
+    workers. Each ends in one `error:` line and nothing else (no TensorFlow
+    start-up lines, no traceback), status 2, on every CPU: the lines CPUs
+    with AMX print at import are simulated, and left out; a native warning
+    is kept."""
+    (tmp_path / "amx").mkdir()
+    (tmp_path / "amx" / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG", "TPU_NAME")}
-    env.update(KERAS_BACKEND="tensorflow", PYTHONPATH=ROOT)
+    env.update(KERAS_BACKEND="tensorflow", PYTHONPATH=os.pathsep.join([str(tmp_path / "amx"), ROOT]))
+    # The simulation works: a plain import shows the lines (twice more on a
+    # CPU that prints them itself).
+    plain = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env, stderr=subprocess.PIPE,
+                           text=True, timeout=120)
+    assert plain.stderr.count("oneDNN custom operations are on") in (2, 4), plain.stderr
     command = [sys.executable, "-m", "recipes.finetune", "--smoke"]
     cases = {
         "tpu": (command + [f"--run_dir={tmp_path / 'tpu'}", "--distribution=tpu"], {}),
@@ -682,7 +722,8 @@ def test_distribution_failures_as_a_user_sees_them(tmp_path):
     for name, (output, returncode) in outputs.items():
         lines = [line for line in output.splitlines() if line.strip()]
         assert returncode == 2 and "Traceback" not in output, (name, output)
-        assert len(lines) == 1 and lines[0].startswith(expected[name]), (name, output)
+        assert lines[0] == "W0000 00:00:1764028026.200000   4242 native.cc:1] a native warning", (name, output)
+        assert len(lines) == 2 and lines[1].startswith(expected[name]), (name, output)
         assert not (tmp_path / name / "checkpoints").exists()
 
 
