@@ -41,7 +41,8 @@ def local_bucket(tmp_path, monkeypatch):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for the loop's next poll: 0.5 s by default, per test.
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", f"http://127.0.0.1:{server.server_port}")
     monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(tmp_path / "cache"))
     yield root

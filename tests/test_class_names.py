@@ -16,6 +16,10 @@ from tests.weights.test_weights import bucket  # noqa: F401  (a fixture)
 from tests.helpers import ROOT
 
 
+# Files, numpy and a loopback download: the Keras backend plays no part.
+pytestmark = pytest.mark.one_backend
+
+
 def test_imagenet2012_names_of_known_indices():
     ids, names = class_names.imagenet2012_classes()
     assert len(ids) == len(names) == 1000

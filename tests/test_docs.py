@@ -3,6 +3,8 @@ the generated tables match their single sources."""
 
 import re
 
+import pytest
+
 from tests.helpers import ROOT
 
 
@@ -35,10 +37,12 @@ def tools():
     return gen_docs_tables
 
 
+@pytest.mark.one_backend
 def test_weights_table_is_current():
     assert generated_block("weights.md", "weights") == tools().weights_table()
 
 
+@pytest.mark.one_backend
 def test_variants_table_is_current():
     documented = [
         row.rsplit("|", 2)[0] + "|" for row in generated_block("models.md", "variants").splitlines()
@@ -59,6 +63,7 @@ def _pins_in(requirements):
     return dict(re.findall(r"^([A-Za-z0-9_.-]+)==([0-9.]+)", text, re.MULTILINE))
 
 
+@pytest.mark.one_backend
 def test_declared_floors_are_the_versions_ci_tests():
     """Every floor pyproject declares for a backend, Keras, numpy or tfds is
     exactly what requirements/lowest.txt installs for the lowest-versions run,
@@ -73,8 +78,17 @@ def test_declared_floors_are_the_versions_ci_tests():
     for package in ["keras", "tensorflow-cpu", "jax", "torch", "tensorflow-datasets"]:
         assert f"{package} {lowest[package]}" in readme, f"README does not name {package} {lowest[package]}"
         assert f"{package} {_pins_in('test.txt')[package]}" in readme, package
+    # The Python 3.12 environment (no PyTorch there) and the tested range.
+    for package in ["keras", "tensorflow-cpu", "jax", "tensorflow-datasets"]:
+        assert f"{package} {_pins_in('py312.txt')[package]}" in readme, package
+    assert "torch" not in _pins_in("py312.txt")
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pythons = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', pyproject)
+    assert pythons == ["3.11", "3.12"] and 'requires-python = ">=3.11"' in pyproject, pythons
+    assert "Python 3.11–3.12" in readme
 
 
+@pytest.mark.one_backend
 def test_old_keras_is_refused_at_import_with_the_version(monkeypatch):
     import importlib
     import sys
@@ -92,6 +106,7 @@ def test_old_keras_is_refused_at_import_with_the_version(monkeypatch):
         sys.modules.update(saved)
 
 
+@pytest.mark.one_backend
 def test_backends_are_imported_only_where_the_rules_allow():
     """One codebase, three backends: outside `keras_vit/data` (tf.data
     pipelines) and `keras_vit/distribute.py` (strategies and random state,

@@ -23,6 +23,13 @@ def raw_model(**kwargs):
     return randomize_weights(keras_vit.ViT(None, include_preprocessing=True, **{**TINY, **kwargs}))
 
 
+def _version(module):
+    """The (major, minor) version of an importable module."""
+    import importlib
+
+    return tuple(int(part) for part in importlib.import_module(module).__version__.split(".")[:2])
+
+
 def to_numpy(tensor):
     return keras.ops.convert_to_numpy(tensor)
 
@@ -103,6 +110,13 @@ def test_saved_model(served, tmp_path):
         return
     model.export(path, format="tf_saved_model", verbose=False)
     reloaded = tf.saved_model.load(path)  # keep a reference: it owns the variables
+    if BACKEND == "jax" and _version("jax") >= (0, 11) and _version("tensorflow") < (2, 22):
+        # docs/export.md: JAX 0.11+ serialises StableHLO newer than the one
+        # TensorFlow 2.21's XlaCallModule reads (no public option selects an
+        # older target); the SavedModel is written but does not run.
+        with pytest.raises(tf.errors.InvalidArgumentError, match="failed to deserialize portable artifact"):
+            reloaded.serve(tf.constant(x, tf.float32))
+        return
     served_logits = reloaded.serve(tf.constant(x, tf.float32))
     assert_close_rel(served_logits.numpy(), expected, tol=1e-5, what="SavedModel")
 

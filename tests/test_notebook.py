@@ -60,6 +60,7 @@ def bucket(local_bucket):
     return local_bucket
 
 
+@pytest.mark.one_backend
 def test_notebook_is_stored_without_outputs():
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(notebook)

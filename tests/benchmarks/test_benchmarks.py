@@ -20,11 +20,13 @@ import step_costs  # noqa: E402
 sys.path.pop(0)
 
 
+@pytest.mark.one_backend
 def test_flop_count_of_vit_b16():
     # 17.6 G multiply-adds per 224-px image (ViT-B/16).
     assert abs(bench.forward_flops("B", 224) / 2e9 - 17.56) < 0.05
 
 
+@pytest.mark.one_backend
 def test_flop_count_of_the_cifar_sized_model():
     # Multiply-adds: patch embedding 64 x 48 x 128, 4 blocks over 65 tokens
     # (q/k/v 3 x 65 x 128^2, scores and sum 2 x 65^2 x 128, output 65 x 128^2,
@@ -44,6 +46,7 @@ def test_smoke_run_measures_keras_vit_and_reports():
     assert table.count("\n") == 3 and "| tiny |" in table
 
 
+@pytest.mark.one_backend
 def test_input_pipeline_smoke_run_covers_every_recipe_pipeline(tmp_path):
     rows = input_pipeline.main(["--smoke", "--train-img-s=2", f"--json={tmp_path / 'rows.json'}"])
     assert len(rows) == 6 and len({r["pipeline"] for r in rows}) == 6
@@ -53,6 +56,7 @@ def test_input_pipeline_smoke_run_covers_every_recipe_pipeline(tmp_path):
     assert (tmp_path / "rows.json").stat().st_size > 0
 
 
+@pytest.mark.one_backend
 def test_real_images_schedule_is_keras_vits():
     # The PyTorch loop must follow the recipe's learning rate update by update.
     from keras_vit import training
@@ -66,6 +70,7 @@ def test_real_images_schedule_is_keras_vits():
     assert math.isclose(real_images.schedule(30, 1e-3, 300, 30), 1e-3)
 
 
+@pytest.mark.one_backend
 def test_real_images_recipe_command_pins_the_set_up():
     args = real_images.parse_args(["--data=cifar10_folder", "--recipe-flags=--steps_per_execution=4"])
     command = real_images.recipe_command(args, seed=2, run_dir="runs/seed2")
@@ -79,6 +84,7 @@ def test_real_images_recipe_command_pins_the_set_up():
     assert flags["steps_per_execution"] == "4" and command[-1] == "--steps_per_execution=4"
 
 
+@pytest.mark.one_backend
 def test_real_images_original_init_on_timm():
     timm_vit = pytest.importorskip("timm.models.vision_transformer")
     import torch

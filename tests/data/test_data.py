@@ -63,6 +63,7 @@ def _batches(dataset, n):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.one_backend
 def test_normalization_is_the_originals_bit_for_bit():
     # vit_jax: (x - 127.5) / 127.5 in float32. `x / 127.5 - 1` differs by one
     # ulp on 128 of the 256 values, so exact equality is the test.
@@ -89,6 +90,7 @@ def test_normalization_is_the_originals_bit_for_bit():
     np.testing.assert_array_equal(ops.normalize(tf.constant(x)).numpy(), want)
 
 
+@pytest.mark.one_backend
 def test_inception_crop_area_and_aspect():
     image = tf.zeros((120, 100, 3), tf.uint8)
     crop_shapes = tf.data.Dataset.from_tensors(image).repeat(300).map(
@@ -105,6 +107,7 @@ def test_inception_crop_area_and_aspect():
     assert resized.shape == (24, 24, 3) and resized.dtype == tf.float32
 
 
+@pytest.mark.one_backend
 def test_resize_small_central_and_random_crop():
     image = np.arange(60 * 40 * 3, dtype=np.float32).reshape(60, 40, 3) % 251
     small = ops.resize_small(tf.constant(image), 20)
@@ -120,12 +123,14 @@ def test_resize_small_central_and_random_crop():
         ops.resize_small(tf.constant(image), 2.5)
 
 
+@pytest.mark.one_backend
 def test_to_uint8_truncates_like_big_vision():
     np.testing.assert_array_equal(
         ops.to_uint8(tf.constant([-3.0, 0.9, 254.99, 300.0])).numpy(), [0, 0, 254, 255]
     )
 
 
+@pytest.mark.one_backend
 def test_random_flip_gives_both_orientations():
     image = np.arange(2 * 5 * 3, dtype=np.uint8).reshape(2, 5, 3)
     outs = [ops.random_flip(tf.constant(image)).numpy() for _ in range(40)]
@@ -140,6 +145,7 @@ def test_random_flip_gives_both_orientations():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.one_backend
 def test_randaugment_ops_match_pil_and_formulas():
     from PIL import Image, ImageOps
 
@@ -166,6 +172,7 @@ def test_randaugment_ops_match_pil_and_formulas():
     np.testing.assert_array_equal(augment.contrast(x, 0.0), np.ones_like(image))
 
 
+@pytest.mark.one_backend
 def test_randaugment_geometry_fills_grey():
     image = np.arange(36, dtype=np.uint8).reshape(6, 6, 1).repeat(3, -1)
     x = tf.constant(image)
@@ -182,6 +189,7 @@ def test_randaugment_geometry_fills_grey():
     assert 0 < len(rows) <= 100 and rows.max() - rows.min() < 10 and cols.max() - cols.min() < 10
 
 
+@pytest.mark.one_backend
 def test_randaugment_draws_ops():
     # Eagerly (fast); the pre-training pipeline test runs it inside tf.data.
     image = tf.constant(np.random.default_rng(2).integers(0, 256, (24, 24, 3)), tf.uint8)
@@ -196,6 +204,7 @@ def test_randaugment_draws_ops():
         augment.randaugment(tf.cast(image, tf.float32), 2, 10)
 
 
+@pytest.mark.one_backend
 def test_mixup_one_sorted_weight_shared_by_images_and_labels():
     images = tf.random.uniform((6, 4, 4, 3))
     labels = tf.one_hot([0, 1, 2, 0, 1, 2], 3)
@@ -209,6 +218,7 @@ def test_mixup_one_sorted_weight_shared_by_images_and_labels():
     np.testing.assert_allclose(mixed_labels.numpy().sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.one_backend
 def test_moved_names_stay_reachable_from_their_old_modules():
     # RandAugment/mixup moved from ops to augment, the sources from pipelines
     # to sources (issue 16); the old attribute paths keep working.
@@ -226,6 +236,7 @@ def test_moved_names_stay_reachable_from_their_old_modules():
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.one_backend
 def test_from_directory_lists_sorted_classes(folder):
     root, expected = folder
     source = keras_vit.data.from_directory(root)
@@ -239,6 +250,7 @@ def test_from_directory_lists_sorted_classes(folder):
         keras_vit.data.from_directory(root / "cat")
 
 
+@pytest.mark.one_backend
 def test_from_tfds_mock_data(tmp_path):
     with tfds.testing.mock_data(num_examples=5):
         source = keras_vit.data.from_tfds("cifar10", "train[:98%]", data_dir=tmp_path)
@@ -252,6 +264,7 @@ def test_from_tfds_mock_data(tmp_path):
             keras_vit.data.from_tfds("cifar10", data_dir=tmp_path, label_key="fine")
 
 
+@pytest.mark.one_backend
 def test_every_pipeline_on_mock_data(tmp_path):
     # Mocked splits report no size: cache and a small buffer, or the shuffle
     # buffer would fill 50,000 elements from tfds' Python mock generator.
@@ -276,6 +289,7 @@ def test_every_pipeline_on_mock_data(tmp_path):
                 assert set(labels.numpy().max(-1)) == {1.0}, name
 
 
+@pytest.mark.one_backend
 def test_missing_dataset_says_what_to_download(tmp_path):
     with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
         keras_vit.data.from_tfds("cifar10", "train", data_dir=tmp_path, download=False)
@@ -300,6 +314,7 @@ def _check_train_batches(images, labels, num_classes=3):
     np.testing.assert_allclose(labels.sum(-1), 1.0, atol=1e-6)
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("augmentation", ["inception_crop", "resize_crop", "resize"])
 def test_finetune_train_keeps_label_mapping(folder, augmentation):
     source = keras_vit.data.from_directory(folder[0])
@@ -315,6 +330,7 @@ def test_finetune_train_keeps_label_mapping(folder, augmentation):
     assert len(set(labels.argmax(-1))) == 3
 
 
+@pytest.mark.one_backend
 def test_finetune_eval_is_a_plain_resize(folder):
     root, expected = folder
     source = keras_vit.data.from_directory(root)
@@ -331,6 +347,7 @@ def test_finetune_eval_is_a_plain_resize(folder):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.one_backend
 def test_eval_pad_to_batch_gives_full_weighted_batches(folder):
     root, expected = folder  # 10 examples: batches of 4, 4 and 2 (+ 2 padding rows).
     source = keras_vit.data.from_directory(root)
@@ -359,6 +376,7 @@ def test_eval_pad_to_batch_gives_full_weighted_batches(folder):
         keras_vit.data.pretrain_pipeline(source, training=False, batch_size=4, pad_to_batch="yes")
 
 
+@pytest.mark.one_backend
 def test_pretrain_eval_resize_small_central_crop(folder):
     root, expected = folder
     source = keras_vit.data.from_directory(root)
@@ -372,6 +390,7 @@ def test_pretrain_eval_resize_small_central_crop(folder):
     np.testing.assert_array_equal(images[index], want)
 
 
+@pytest.mark.one_backend
 def test_pretrain_train_with_randaugment_and_mixup(folder):
     source = keras_vit.data.from_directory(folder[0])
     # AugReg's strong2 (recipes/configs/pretrain.py): RandAugment 2/20, mixup 0.8.
@@ -516,6 +535,7 @@ def test_batch_augmentation_errors_name_the_layer(folder):
         _augmented(source, keras.layers.MixUp(dtype="mixed_bfloat16"))
 
 
+@pytest.mark.one_backend
 def test_pipeline_argument_errors(folder):
     source = keras_vit.data.from_directory(folder[0])
     with pytest.raises(ValueError, match=r"Received: augmentation='bit'"):
@@ -526,6 +546,7 @@ def test_pipeline_argument_errors(folder):
         keras_vit.data.finetune_pipeline("cifar10", training=True, batch_size=2)
 
 
+@pytest.mark.one_backend
 def test_argument_errors_name_the_argument_and_value(folder):
     # One helper (keras_vit/data/_checks.py) behind every check: "`name`
     # must be ... Received: name=value".
@@ -629,6 +650,7 @@ def _sorted_builds():
     }
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("name", list(_sorted_builds()))
 def test_first_batches_mix_classes_of_a_sorted_folder(sorted_folder, name):
     source = keras_vit.data.from_directory(sorted_folder)
@@ -652,6 +674,7 @@ def _epoch_orders(source, seed, cache):
     return [tuple(np.round(x.numpy()[:, 0, 0, 0] * 127.5 + 127.5).astype(int)) for x, _ in ds.take(2)]
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("cache", [True, False])
 def test_file_order_new_every_epoch_and_seeded(sorted_folder, cache):
     source = keras_vit.data.from_directory(sorted_folder)
@@ -691,6 +714,7 @@ def bad_folder(tmp_path):
     return tmp_path, sorted(str(p) for p in bad)
 
 
+@pytest.mark.one_backend
 def test_bad_images_named_or_skipped_and_counted(bad_folder):
     root, bad = bad_folder
     with pytest.raises(ValueError) as info:
@@ -721,6 +745,7 @@ def test_bad_images_named_or_skipped_and_counted(bad_folder):
         keras_vit.data.from_directory(root, skip_bad_images="yes")
 
 
+@pytest.mark.one_backend
 def test_class_names_must_match_and_set_label_order(tmp_path):
     for split, names in (("train", ("cat", "dog")), ("test", ("cat", "dgo"))):
         for value, name in enumerate(names):
@@ -742,6 +767,7 @@ def test_class_names_must_match_and_set_label_order(tmp_path):
             keras_vit.data.from_directory(tmp_path / "train", class_names=bad)
 
 
+@pytest.mark.one_backend
 def test_empty_class_folder_refused(tmp_path):
     for name in ("cat", "dog"):
         (tmp_path / name).mkdir()
@@ -811,6 +837,7 @@ def tiny_tfds(tmp_path_factory):
     return data_dir, source
 
 
+@pytest.mark.one_backend
 def test_from_tfds_prepares_a_real_dataset_offline(tiny_tfds):
     data_dir, source = tiny_tfds
     assert (data_dir / "keras_vit_sorted_tiny" / "1.0.0" / "dataset_info.json").exists()
@@ -824,6 +851,7 @@ def test_from_tfds_prepares_a_real_dataset_offline(tiny_tfds):
     np.testing.assert_array_equal(images.numpy()[:, 0, 0, 0], (pixels - np.float32(127.5)) / np.float32(127.5))
 
 
+@pytest.mark.one_backend
 def test_tfds_and_vtab_training_mix_a_sorted_split(tiny_tfds):
     data_dir, source = tiny_tfds
     common = dict(batch_size=BUFFER, image_size=4, shuffle_buffer=BUFFER, seed=0)
@@ -889,6 +917,7 @@ def _shard_order(ids):
     return tuple(dict.fromkeys(i // SHARD_SIZE for i in ids))
 
 
+@pytest.mark.one_backend
 def test_uncached_tfds_training_reads_shuffled_seeded_files(sharded_tfds):
     source = sharded_tfds
     n = source.num_examples
@@ -910,6 +939,7 @@ def test_uncached_tfds_training_reads_shuffled_seeded_files(sharded_tfds):
     assert _shard_order(_uncached_epochs(source, seed=4, epochs=1)[0]) != _shard_order(first)
 
 
+@pytest.mark.one_backend
 def test_uncached_tfds_training_mixes_classes_of_an_ordered_dataset(sharded_tfds):
     common = dict(
         training=True, batch_size=BUFFER, image_size=2, augmentation="resize", shuffle_buffer=BUFFER,
@@ -930,6 +960,7 @@ def test_uncached_tfds_training_mixes_classes_of_an_ordered_dataset(sharded_tfds
     assert len(set(labels)) >= 4 and labels.max() >= 4, batches
 
 
+@pytest.mark.one_backend
 def test_failed_preparation_gives_the_cause_first(tmp_path):
     with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
         keras_vit.data.from_tfds("keras_vit_broken_prepare", data_dir=tmp_path)

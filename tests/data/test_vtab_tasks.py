@@ -11,6 +11,9 @@ import keras_vit.data
 from keras_vit.data import vtab
 from tests.helpers import ROOT
 
+# tf.data and the task table: the Keras backend plays no part.
+pytestmark = pytest.mark.one_backend
+
 # task key: (paper name, group, tfds builder, classes, val200, test, flip, crop)
 # From task_adaptation's data/*.py (offsets: percent * catalog train size // 100)
 # and BiT App. F for the flip/crop switches.

@@ -15,6 +15,7 @@ from tests.helpers import randomize_weights
 # --- list_models / available_weights ------------------------------------------
 
 
+@pytest.mark.one_backend
 def test_list_models_names_constructors_and_weights():
     models = {m.name: m for m in keras_vit.list_models()}
     assert list(models) == list(variants.VARIANTS) and len(models) == 20
@@ -31,6 +32,7 @@ def test_list_models_names_constructors_and_weights():
             assert getattr(keras_vit, info.constructor).__doc__.startswith(f"Builds {info.name} ")
 
 
+@pytest.mark.one_backend
 def test_list_models_pattern():
     names = [m.name for m in keras_vit.list_models("*b_16*")]
     assert names == ["ViT-B_16", "ViT-B_16-gap-norep", "R50+ViT-B_16"]
@@ -41,6 +43,7 @@ def test_list_models_pattern():
         keras_vit.list_models(3)
 
 
+@pytest.mark.one_backend
 def test_available_weights_accepts_every_alias():
     expected = ["imagenet21k", "imagenet21k+imagenet2012"]
     for name in ("R50ViTB16", "R50+ViT-B_16", "R50_B_16", "R50+B/16"):
@@ -104,6 +107,7 @@ def index(local_bucket):
     return keras_vit.weights.augreg_index()
 
 
+@pytest.mark.one_backend
 def test_index_is_downloaded_cached_and_parsed(index, local_bucket, tmp_path):
     assert len(index) == len(ROWS)
     row = index[0]
@@ -124,6 +128,7 @@ def test_index_is_downloaded_cached_and_parsed(index, local_bucket, tmp_path):
         keras_vit.weights.augreg_index(refresh=True)
 
 
+@pytest.mark.one_backend
 def test_index_from_a_local_path(tmp_path):
     path = write_index(tmp_path / "index.csv", ROWS[:2])
     assert keras_vit.weights.augreg_index(path).column("adapt_lr") == [0.03, 0.01]
@@ -131,6 +136,7 @@ def test_index_from_a_local_path(tmp_path):
         keras_vit.weights.augreg_index(tmp_path / "missing.csv")
 
 
+@pytest.mark.one_backend
 def test_filter_by_model_dataset_augmentation_and_resolution(index):
     b16 = index.filter(model="B/16")
     assert len(b16) == 6
@@ -150,6 +156,7 @@ def test_filter_by_model_dataset_augmentation_and_resolution(index):
         index.filter(model="Q/9")
 
 
+@pytest.mark.one_backend
 def test_sort_by_metric(index):
     rows = index.filter(model="B/16", adapt_ds="imagenet2012").sort("adapt_final_val")
     assert rows.column("adapt_final_val") == [0.86001, 0.85486, 0.85301, 0.84192, 0.8173]
@@ -162,6 +169,7 @@ def test_sort_by_metric(index):
         index.sort("params")
 
 
+@pytest.mark.one_backend
 def test_best_picks_a_name_that_weights_accepts(index):
     best = index.best(model="B/16", adapt_ds="imagenet2012", adapt_resolution=384)
     assert best == UP["B16_none"] + "--imagenet2012-steps_20k-lr_0.03-res_384"
@@ -194,6 +202,7 @@ def test_best_name_downloads_and_loads(index, local_bucket):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+@pytest.mark.one_backend
 def test_bad_index_files_are_clear_errors(tmp_path):
     path = tmp_path / "index.csv"
     path.write_text("name,ds\nB/16,i21k\n")
@@ -209,6 +218,7 @@ def test_bad_index_files_are_clear_errors(tmp_path):
         keras_vit.weights.augreg_index(path)
 
 
+@pytest.mark.one_backend
 def test_to_pandas(index):
     pandas = pytest.importorskip("pandas")
     frame = index.to_pandas()
@@ -217,6 +227,7 @@ def test_to_pandas(index):
     assert frame["adapt_final_val"].max() == 0.86001
 
 
+@pytest.mark.one_backend
 def test_augreg_module_imports_only_what_it_uses():
     # Before: `registry` was imported and never used (the catalogue reaches
     # the bucket through the cache).

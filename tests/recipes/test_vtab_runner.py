@@ -38,6 +38,7 @@ def _hand_made():
     return values
 
 
+@pytest.mark.one_backend
 def test_group_means_on_hand_made_numbers():
     values = _hand_made()
     means = runner.group_means(values)
@@ -64,6 +65,7 @@ def _ours_row(markdown):
     return [c.strip() for c in line.strip("|").split("|")]
 
 
+@pytest.mark.one_backend
 def test_report_layout_of_table_9():
     values = _hand_made()
     rows = []
@@ -93,6 +95,7 @@ def test_report_layout_of_table_9():
     assert "/x / y" in markdown  # a `|` in a message cannot break the table
 
 
+@pytest.mark.one_backend
 def test_task_selection_and_config_checks():
     assert [t.key for t in runner.select_tasks("Clevr-Dist,dtd")] == ["dtd", "clevr_distance"]
     assert len(runner.select_tasks("structured")) == 8 and len(runner.select_tasks("all")) == 19
@@ -247,6 +250,7 @@ def test_augreg_sweep_choices(tmp_path, monkeypatch):
     assert len(row["sweep"]) == 8 and "AugReg sweep" in outcome["report"]
 
 
+@pytest.mark.one_backend
 def test_docs_paper_group_means_match_the_table():
     path = os.path.join(ROOT, "docs", "vtab.md")
     with open(path, encoding="utf-8") as f:

@@ -240,11 +240,23 @@ def _copy(checkpoint, tmp_path, **changes):
     return directory
 
 
-_TAKE_LOCK = """
-import sys
-from keras_vit.training.callbacks import _acquire_lock
-_acquire_lock(sys.argv[1])
-"""
+
+
+def _lock_is_free(directory):
+    """Whether no run holds `directory`'s lock, this process included:
+    `flock` locks belong to an open file description, so a fresh `open`
+    conflicts with a lock this process holds through another one (as a
+    second process would, without the seconds its imports take)."""
+    import fcntl
+
+    with open(os.path.join(directory, "backup.lock"), "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return True
+
 _HOLD_LOCK = """
 import sys, time
 from keras_vit.training.callbacks import _acquire_lock
@@ -278,11 +290,7 @@ def test_another_run_is_refused_naming_the_difference(small_checkpoint, tmp_path
     assert "\n" not in str(error.value)
     assert sorted(os.listdir(directory)) == before  # nothing lost
     # The refused run keeps no lock: another process may use the directory.
-    taker = subprocess.run(
-        [sys.executable, "-c", _TAKE_LOCK, str(directory)], cwd=ROOT,
-        env=child_env(KERAS_BACKEND=BACKEND), capture_output=True, text=True, timeout=120,
-    )
-    assert taker.returncode == 0, taker.stderr[-2000:]
+    assert _lock_is_free(directory)
 
 
 def test_changed_fit_arguments_are_refused(small_checkpoint, tmp_path):
@@ -463,12 +471,17 @@ def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path)
     )
     try:
         assert holder.stdout.readline().strip() == "locked"
+        assert not _lock_is_free(directory)
         with pytest.raises(RuntimeError, match=rf"Another run is using the backup directory .*"
                            rf"\(pid {holder.pid} on "):
             _small_fit(_small_model(), directory)
     finally:
         holder.kill()
         holder.wait()
+    assert _lock_is_free(directory)
+    # `_lock_is_free` sees a lock this process holds too.
+    training.callbacks._acquire_lock(directory)
+    assert not _lock_is_free(directory)
     backup = _small_fit(_small_model(), directory)  # the stale lock is gone
     assert backup.read_checkpoint()["step"] == 4
     # A run in this process that raised does not block the next one.

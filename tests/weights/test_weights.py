@@ -59,6 +59,7 @@ def export(tmp_path, model, name="ckpt.npz"):
 # --- Position-embedding resampling -------------------------------------------
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("source, target", [((14, 14), (24, 24)), ((7, 7), (3, 5)), ((4, 6), (9, 2))])
 def test_linear_resampling_equals_scipy_zoom(source, target):
     grid = np.random.default_rng(0).normal(size=(*source, 5)).astype("float32")
@@ -70,6 +71,7 @@ def test_linear_resampling_equals_scipy_zoom(source, target):
     np.testing.assert_array_equal(actual[0, 0], grid[0, 0])  # Corners aligned.
 
 
+@pytest.mark.one_backend
 def test_bicubic_resampling_equals_torch():
     torch = pytest.importorskip("torch")
     grid = np.random.default_rng(1).normal(size=(6, 6, 4)).astype("float32")
@@ -80,6 +82,7 @@ def test_bicubic_resampling_equals_torch():
     np.testing.assert_allclose(resample_grid(grid, (10, 7), "bicubic"), expected, atol=1e-5)
 
 
+@pytest.mark.one_backend
 def test_class_token_row_is_kept_apart():
     posemb = np.random.default_rng(2).normal(size=(1, 1 + 16, 3)).astype("float32")
     out = resample_position_embedding(posemb, (8, 8))
@@ -90,6 +93,7 @@ def test_class_token_row_is_kept_apart():
     )
 
 
+@pytest.mark.one_backend
 def test_resampling_errors_name_the_value():
     posemb = np.zeros((1, 1 + 12, 3), "float32")
     with pytest.raises(ValueError, match="num_tokens=12"):
@@ -499,6 +503,7 @@ def test_checkpoint_variables_cover_every_weight():
 # --- Registered names and downloads ------------------------------------------
 
 
+@pytest.mark.one_backend
 def test_registry_resolves_names():
     assert registry.resolve("imagenet21k", "ViT-B_16") == "imagenet21k/ViT-B_16.npz"
     assert registry.resolve("imagenet21k+imagenet2012", "ViT-B_16", 224) == (
@@ -535,6 +540,7 @@ def _keras_vit_imports(path):
     return {name for name in found if name == "keras_vit" or name.startswith("keras_vit.")}
 
 
+@pytest.mark.one_backend
 def test_weights_never_import_models_even_indirectly():
     # models/ import weights/ (a builder loads its checkpoint); the reverse
     # would be a cycle (issue 16). Followed through every keras_vit module that
@@ -617,7 +623,8 @@ def bucket(tmp_path, monkeypatch):
     """A `Bucket` served as KERAS_VIT_WEIGHTS_URL, cache in tmp_path/cache."""
     served = Bucket()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), served.handler())
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for the loop's next poll: 0.5 s by default, per test.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     thread.start()
     served.url = f"http://127.0.0.1:{server.server_port}"
     monkeypatch.setenv("KERAS_VIT_WEIGHTS_URL", served.url)
@@ -678,6 +685,7 @@ def fetch_into(model):
     return cache.fetch(BUCKET_PATH, validate=lambda path: prepare_npz(model, path))
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("fault, match", [
     ("truncated", "truncated, corrupt"),
     ("html", "text .*error page"),
@@ -694,6 +702,7 @@ def test_broken_download_is_never_cached(bucket, tmp_path, fault, match):
     assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("cached", ["partial", "html", "other model"])
 def test_invalid_cached_file_is_reported_deleted_and_downloaded_once(
     bucket, tmp_path, caplog, cached
@@ -720,6 +729,7 @@ def test_invalid_cached_file_is_reported_deleted_and_downloaded_once(
     assert len(bucket.requests) == 2 and not cached_path(tmp_path).exists()
 
 
+@pytest.mark.one_backend
 def test_cached_file_changed_after_first_download_is_detected(bucket, tmp_path, caplog):
     model = tiny()
     bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny(), seed=1))
@@ -733,6 +743,7 @@ def test_cached_file_changed_after_first_download_is_detected(bucket, tmp_path, 
     assert len(bucket.requests) == 2
 
 
+@pytest.mark.one_backend
 def test_unusable_cache_directory_is_an_error_not_a_fallback(bucket, tmp_path, monkeypatch):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
@@ -743,6 +754,7 @@ def test_unusable_cache_directory_is_an_error_not_a_fallback(bucket, tmp_path, m
     assert bucket.requests == []
 
 
+@pytest.mark.one_backend
 @pytest.mark.skipif(os.name != "posix", reason="POSIX owners and modes")
 def test_cache_refuses_files_others_own_or_can_write(bucket, tmp_path):
     model = tiny()
@@ -779,6 +791,7 @@ def test_cache_refuses_files_others_own_or_can_write(bucket, tmp_path):
     assert path.exists() and len(bucket.requests) == 1  # Refused, not deleted.
 
 
+@pytest.mark.one_backend
 @pytest.mark.skipif(os.name != "posix", reason="POSIX modes")
 def test_files_the_cache_writes_are_writable_by_their_owner_only(bucket, tmp_path):
     model = tiny()
@@ -797,6 +810,7 @@ def test_files_the_cache_writes_are_writable_by_their_owner_only(bucket, tmp_pat
     assert fetch_into(model) == str(path) and len(bucket.requests) == 2  # Accepted, cached.
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("fault", ["html", "truncated", "missing"])
 def test_failed_refresh_keeps_the_cached_file(bucket, tmp_path, fault):
     # Before: `refresh=True` deleted the cached file first, so a failed
@@ -842,6 +856,7 @@ print("ARRAYS", len(read_npz(path)))
 """
 
 
+@pytest.mark.one_backend
 def test_two_processes_share_one_download(bucket, tmp_path):
     source = randomize_weights(tiny())
     bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, source)
@@ -872,6 +887,7 @@ print("FINISHED")
 """
 
 
+@pytest.mark.one_backend
 def test_download_killed_midway_leaves_nothing_behind(bucket, tmp_path):
     # A fetch SIGKILLed mid-download leaves its `.NAME.partial-*` directory;
     # the next fetch deletes it and downloads a valid file.
