@@ -73,16 +73,18 @@ add_run() {  # add_run ENV VENV BACKEND MARKERS TESTS...
   if [ "$backend" != "$ONE_BACKEND" ]; then markers="${markers:+$markers and }not one_backend"; fi
   runs+=("$env-$backend|$venv|$backend|${markers:-}|$*")
 }
-for backend in $BACKENDS; do
-  if has "$ENVS" main; then add_run main "$VENV" "$backend" "" tests; fi
-done
-for backend in $BACKENDS; do
+# Longest first (on 2 cores: main and py312 on jax and tensorflow take
+# 6-10 minutes each, torch and the lowest runs 1-4), so that no long run
+# starts last.
+for run in main-jax main-tensorflow py312-jax py312-tensorflow main-torch lowest-jax lowest-tensorflow lowest-torch; do
+  env="${run%%-*}" backend="${run#*-}"
+  if ! has "$ENVS" "$env" || ! has "$BACKENDS" "$backend"; then continue; fi
   # shellcheck disable=SC2086
-  if has "$ENVS" py312 && has "$PY312_BACKENDS" "$backend"; then add_run py312 .venv-py312 "$backend" "not timm" $PY312_TESTS; fi
-done
-for backend in $BACKENDS; do
-  # shellcheck disable=SC2086
-  if has "$ENVS" lowest; then add_run lowest .venv-lowest "$backend" "not timm" $LOWEST_TESTS; fi
+  case "$env" in
+    main) add_run main "$VENV" "$backend" "" tests ;;
+    py312) if has "$PY312_BACKENDS" "$backend"; then add_run py312 .venv-py312 "$backend" "not timm" $PY312_TESTS; fi ;;
+    lowest) add_run lowest .venv-lowest "$backend" "not timm" $LOWEST_TESTS ;;
+  esac
 done
 
 logs="$(mktemp -d)"
