@@ -135,12 +135,24 @@ def decode_predictions(predictions, top=5, class_names=None):
             "`predictions` must have shape (batch, classes). "
             f"Received: predictions with shape {scores.shape}"
         )
+    if scores.dtype == bool or not np.issubdtype(scores.dtype, np.number):
+        raise ValueError(
+            "`predictions` must be numbers (logits, probabilities, or the "
+            f"integer scores of a quantized head). Received: predictions of dtype {scores.dtype}"
+        )
     num_classes = scores.shape[1]
     if not isinstance(top, int) or isinstance(top, bool) or top < 1:
         raise ValueError(f"`top` must be a positive int. Received: top={top!r}")
     names = _class_names(class_names, num_classes)
-    # Stable: equal scores keep the class order.
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :top]
+    # Highest first; stable: equal scores keep the class order. Integer
+    # scores (a quantized LiteRT head's uint8/int8) are not negated, which
+    # wraps around (0 or -128 would rank first): an ascending stable sort of
+    # the reversed classes, read backwards, gives the same order.
+    if np.issubdtype(scores.dtype, np.integer):
+        order = num_classes - 1 - np.argsort(scores[:, ::-1], axis=1, kind="stable")[:, ::-1]
+    else:
+        order = np.argsort(-scores, axis=1, kind="stable")
+    order = order[:, :top]
     return [
         [(int(i), names[i], float(row[i])) for i in indices]
         for row, indices in zip(scores, order)

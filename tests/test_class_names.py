@@ -60,6 +60,17 @@ def test_decode_predictions_top_k_order_and_ties():
     assert keras_vit.decode_predictions(probs)[0][0][2] == pytest.approx(float(probs[0, 207]))
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "int8", "int32", "int64", "uint64"])
+def test_decode_predictions_ranks_integer_scores(dtype):
+    # A quantized head's scores: negating uint8/int8 wraps around, so 0 (or
+    # -128) used to rank first.
+    info = np.iinfo(dtype)
+    scores = np.array([[info.min, 7, info.max, 7]], dtype)
+    decoded = keras_vit.decode_predictions(scores, top=4, class_names=["a", "b", "c", "d"])
+    assert [c for c, _, _ in decoded[0]] == [2, 1, 3, 0]
+    assert decoded[0][0][2] == float(info.max)
+
+
 def test_decode_predictions_with_own_names(tmp_path):
     preds = np.array([[0.1, 0.7, 0.2]])
     assert keras_vit.decode_predictions(preds, top=2, class_names=["cat", "dog", "fish"]) == [
@@ -81,6 +92,8 @@ def test_decode_predictions_errors_name_the_value():
         keras_vit.decode_predictions(np.zeros(1000))
     with pytest.raises(ValueError, match=r"Received: top=0"):
         keras_vit.decode_predictions(np.zeros((1, 1000)), top=0)
+    with pytest.raises(ValueError, match=r"Received: predictions of dtype bool"):
+        keras_vit.decode_predictions(np.zeros((1, 1000), bool))
 
 
 def _lemma_file(path, count=class_names.IMAGENET21K_CLASSES):
