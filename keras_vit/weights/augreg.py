@@ -65,6 +65,10 @@ def _parse(value, column, where):
         number = float(value)
     except ValueError:
         raise ValueError(f"{where}: column {column!r} is not a number. Received: {value!r}") from None
+    if math.isnan(number):  # "-nan", "NaN", ...: no value, as "nan"
+        return None
+    if math.isinf(number):
+        raise ValueError(f"{where}: column {column!r} is not a finite number. Received: {value!r}")
     if column in INTS and number.is_integer():
         return int(number)
     return number

@@ -216,6 +216,21 @@ def test_bad_index_files_are_clear_errors(tmp_path):
     path.write_text("\n".join([text[0], text[1] + ",extra"]) + "\n")
     with pytest.raises(ValueError, match="line 2 has 22 fields, the header 21"):
         keras_vit.weights.augreg_index(path)
+    path.write_text("\n".join([text[0], text[1].replace(",0.478,", ",inf,")]) + "\n")
+    with pytest.raises(ValueError, match="line 2: column 'final_val' is not a finite number. Received: 'inf'"):
+        keras_vit.weights.augreg_index(path)
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("missing", ["nan", "-nan", "NaN", ""])
+def test_a_metric_without_a_value_is_never_best(tmp_path, missing):
+    # Issue 21: "-nan" parsed to NaN, which `best()` returned as the best row.
+    path = write_index(tmp_path / "index.csv", [ROWS[0], ROWS[4]])
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1].replace(",0.478,", f",{missing},"), lines[2]]) + "\n")
+    index = keras_vit.weights.augreg_index(path)
+    assert index.rows[0]["final_val"] is None
+    assert index.best() == UP["B16_none"]
 
 
 @pytest.mark.one_backend
