@@ -384,12 +384,12 @@ R50ViTB16 = _make_constructor("R50+ViT-B_16", "R50ViTB16")
 R50ViTL32 = _make_constructor("R50+ViT-L_32", "R50ViTL32")
 
 
-def get_model(name, **kwargs):
+def get_model(variant, /, **kwargs):
     """Builds a model from an original config name or an AugReg name.
 
     `get_model("ViT-B_16")`, `get_model("ViT-B_16-gap-norep")`,
     `get_model("testing")`, `get_model("B_16", weights="augreg")`,
     `get_model("R50+ViT-B_16")`, `get_model("R26_S_32")`; keyword arguments as
-    `ViT`.
+    `ViT` (`name=` names the Keras model).
     """
-    return ViT(name, **kwargs)
+    return ViT(variant, **kwargs)

@@ -95,6 +95,9 @@ def test_augreg_and_slash_names_resolve():
     # AugReg fine-tuning uses dropout 0 (vit_jax configs/augreg.py).
     assert lazy_build(lambda: build("L_16")) == ("vit_l_16", 0.0)
     assert lazy_build(lambda: build("ViT-L_16")) == ("vit_l_16", 0.1)
+    # `name` is the Keras model's name, as for `ViT` (issue 21: it clashed
+    # with get_model's own first argument).
+    assert lazy_build(lambda: keras_vit.get_model("testing", name="x").name) == "x"
 
 
 def test_model_names_are_valid_identifiers():
