@@ -240,8 +240,6 @@ def _copy(checkpoint, tmp_path, **changes):
     return directory
 
 
-
-
 def _lock_is_free(directory):
     """Whether no run holds `directory`'s lock, this process included:
     `flock` locks belong to an open file description, so a fresh `open`
@@ -256,6 +254,7 @@ def _lock_is_free(directory):
             return False
         fcntl.flock(handle, fcntl.LOCK_UN)
         return True
+
 
 _HOLD_LOCK = """
 import sys, time
