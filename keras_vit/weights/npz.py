@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import re
+import stat
 import tempfile
 import zipfile
 import zlib
@@ -511,7 +512,9 @@ def export_npz(model, path):
     The file is written atomically (a temporary file renamed over `path`); an
     existing file keeps its permission bits, a symbolic link is written
     through (its target is replaced, the link stays), and temporaries left by
-    a killed export are removed by the next export to the same path.
+    a killed export are removed by the next export to the same path. Only a
+    regular file or a new path is written: a directory, FIFO or device node
+    (also behind a link) is refused, untouched.
     """
     arrays = {
         key: keras.ops.convert_to_numpy(variable.value).astype(np.float32)
@@ -521,7 +524,17 @@ def export_npz(model, path):
     if rows != cols:
         arrays[GRID_KEY] = np.array([rows, cols], np.int32)
     path = os.fspath(path)
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"`path` must be the path of an .npz file. Received: path={path!r}")
     target = os.path.realpath(path)  # Through symbolic links.
+    # Only regular files are replaced: renaming over a FIFO or a device node
+    # (as root, `/dev/null`) would replace it with a regular file.
+    if os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+        kind = "a directory" if os.path.isdir(target) else "not a regular file (a FIFO, device or socket)"
+        raise ValueError(
+            f"`path` must be a regular file or a new one: {target!r} is {kind}; nothing was "
+            f"written. Received: path={path!r}"
+        )
     directory, base = os.path.split(target)
     os.makedirs(directory, exist_ok=True)
     if os.path.exists(target):

@@ -415,6 +415,28 @@ def test_export_keeps_the_mode_and_writes_through_a_symbolic_link(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["model.npz"]
 
 
+@pytest.mark.one_backend
+@pytest.mark.skipif(os.name != "posix", reason="FIFOs and symbolic links")
+def test_export_writes_only_regular_files(tmp_path):
+    # Issue 21: a FIFO, or a link to one, was replaced by a regular file (as
+    # root, `export_npz(m, "/dev/null")` would replace /dev/null); "" named
+    # the working directory.
+    model = tiny()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.npz"
+    link.symlink_to(fifo)
+    fifo_kind = r"not a regular file \(a FIFO, device or socket\)"
+    cases = [(fifo, fifo_kind), (link, fifo_kind), (tmp_path, "is a directory")]
+    for path, what in cases:
+        with pytest.raises(ValueError, match=rf"{what}; nothing was written. Received: path="):
+            keras_vit.export_npz(model, path)
+    with pytest.raises(ValueError, match=r"Received: path=''"):
+        keras_vit.export_npz(model, "")
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.npz"]
+
+
 # --- Head, pre_logits and resolution rules -----------------------------------
 
 
