@@ -1,5 +1,8 @@
 """Fine-tuning helpers: a fresh head, a frozen backbone (linear probe)."""
 
+import math
+import numbers
+
 import keras
 
 
@@ -37,6 +40,8 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         raise ValueError(
             f"`keep_pre_logits` must be a bool. Received: keep_pre_logits={keep_pre_logits!r}"
         )
+    if not isinstance(bias, numbers.Real) or isinstance(bias, bool) or not math.isfinite(bias):
+        raise ValueError(f"`bias` must be a finite number. Received: bias={bias!r}")
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs"):
         raise ValueError(
             f"`model` must be a functional keras_vit model. Received: model={model!r}"

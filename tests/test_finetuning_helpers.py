@@ -52,6 +52,10 @@ def test_reset_head_on_a_pooled_backbone_and_errors():
         keras_vit.reset_head(tiny(), 0)
     with pytest.raises(ValueError, match="Received: keep_pre_logits='yes'"):
         keras_vit.reset_head(tiny(), 2, keep_pre_logits="yes")
+    # Issue 21: a bias that is not a number failed inside Keras' initialiser.
+    for bias in ("abc", True, float("nan"), None):
+        with pytest.raises(ValueError, match=rf"`bias` must be a finite number. Received: bias={bias!r}"):
+            keras_vit.reset_head(tiny(), 2, bias=bias)
 
 
 def test_freeze_backbone_counts_and_training_moves_only_the_head():
