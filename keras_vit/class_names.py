@@ -30,18 +30,19 @@ def imagenet2012_classes():
     return list(ids), list(names)
 
 
-def _read_names(path):
-    # One class per line; a line may hold several comma-separated lemmas
-    # ("tench, Tinca tinca"), the first one is the name.
+def _read_lines(path):
+    """A names file: one class per line, the whole line (a name may hold a
+    comma: "1,000 yen note"); blank lines are skipped."""
     with open(path, encoding="utf-8") as f:
-        return [line.split(",")[0].strip() for line in f.read().splitlines() if line.strip()]
+        return [line.strip() for line in f.read().splitlines() if line.strip()]
 
 
 def _imagenet21k_names(path):
-    """The names in `path`; `ValueError` unless it is a names file (the
-    validator of the download: an error page or a partial file is never
-    cached)."""
-    names = _read_names(path)
+    """The names in BiT's lemma file `path` (one class per line, its
+    comma-separated WordNet lemmas: "tench, Tinca tinca"; the first is the
+    name); `ValueError` unless it is such a file (the validator of the
+    download: an error page or a partial file is never cached)."""
+    names = [line.split(",")[0].strip() for line in _read_lines(path)]
     if names and names[0].lstrip().lower().startswith(("<!doctype", "<html")):
         raise ValueError(f"{path!r} is an HTML page, not a names file. Received: path={path!r}")
     if len(names) != IMAGENET21K_CLASSES:
@@ -99,7 +100,7 @@ def _class_names(class_names, num_classes):
             f"predictions with {num_classes} classes"
         )
     if isinstance(class_names, (str, os.PathLike)):
-        names = _read_names(class_names)
+        names = _read_lines(class_names)
     else:
         names = [str(name) for name in class_names]
     if len(names) != num_classes:
@@ -120,7 +121,9 @@ def decode_predictions(predictions, top=5, class_names=None):
         top: int. How many classes per example (at most all of them).
         class_names: None for the ImageNet-2012 (1,000 classes, shipped) or
             ImageNet-21k (21,843 classes, downloaded once) heads; otherwise a
-            list of names or the path of a text file with one class per line.
+            list of names or the path of a text file with one class per line
+            (the whole line, commas included; for a local copy of BiT's
+            ImageNet-21k lemma file, pass `imagenet21k_class_names(path)`).
 
     Returns:
         For each example, a list of `top` tuples `(class_index, name, score)`

@@ -76,9 +76,13 @@ def test_decode_predictions_with_own_names(tmp_path):
     assert keras_vit.decode_predictions(preds, top=2, class_names=["cat", "dog", "fish"]) == [
         [(1, "dog", 0.7), (2, "fish", 0.2)]
     ]
+    # A file: one class per line, the whole line (issue 21: it was cut at
+    # the first comma, "1,000 yen note" became "1").
     path = tmp_path / "names.txt"
-    path.write_text("cat, Felis catus\ndog\nfish, a fish\n")
-    assert keras_vit.decode_predictions(preds, top=1, class_names=str(path)) == [[(1, "dog", 0.7)]]
+    path.write_text("cat\n1,000 yen note\n\nfish, a fish\n")
+    assert keras_vit.decode_predictions(preds, top=2, class_names=str(path)) == [
+        [(1, "1,000 yen note", 0.7), (2, "fish, a fish", 0.2)]
+    ]
     # The default top=5 returns every class of a smaller head.
     assert [c for c, _, _ in keras_vit.decode_predictions(preds, class_names=path)[0]] == [1, 2, 0]
 
@@ -118,8 +122,13 @@ def test_imagenet21k_names_missing_is_a_clear_error(local_bucket, monkeypatch, t
     logits = np.zeros((1, class_names.IMAGENET21K_CLASSES), "float32")
     with pytest.raises(ValueError, match="No ImageNet-21k class names: the download of .*missing.txt failed"):
         keras_vit.decode_predictions(logits)
-    # A local file works without any download; a wrong one is refused.
-    assert keras_vit.decode_predictions(logits, top=1, class_names=_lemma_file(tmp_path / "l.txt"))[0][0][1] == "class0"
+    # A local copy of the lemma file works without any download (its first
+    # lemmas through imagenet21k_class_names; as `class_names=` a file is
+    # one name per line, whole); a wrong one is refused.
+    lemmas = _lemma_file(tmp_path / "l.txt")
+    names = class_names.imagenet21k_class_names(lemmas)
+    assert keras_vit.decode_predictions(logits, top=1, class_names=names)[0][0][1] == "class0"
+    assert keras_vit.decode_predictions(logits, top=1, class_names=lemmas)[0][0][1] == "class0, lemma0"
     short = _lemma_file(tmp_path / "short.txt", 5)
     with pytest.raises(ValueError, match="has 5"):
         class_names.imagenet21k_class_names(short)
