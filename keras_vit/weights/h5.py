@@ -35,14 +35,27 @@ def _values(dataset):
     return dataset[()]
 
 
+def _dtype(dataset):
+    return np.dtype(ml_dtypes.bfloat16) if _is_bfloat16(dataset) else dataset.dtype
+
+
+def _finite_as_stored(dataset, dtype):
+    """Whether the values are finite as the model will hold them (`dtype`):
+    a float64 beyond float32's range is finite in the file, infinite once
+    assigned."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(_values(dataset).astype(dtype).astype(np.float32)).all())
+
+
 def _expected_layout(model):
-    """Dataset paths and shapes of the model's own `.weights.h5` file, as Keras
-    names them (written to a private temporary file, then deleted)."""
+    """Dataset paths, shapes and dtypes of the model's own `.weights.h5`
+    file, as Keras names them (written to a private temporary file, then
+    deleted)."""
     with tempfile.TemporaryDirectory() as directory:
         own = os.path.join(directory, "model.weights.h5")
         model.save_weights(own)
         with h5py.File(own, "r") as f:
-            return {name: item.shape for name, item in _datasets(f).items()}
+            return {name: (item.shape, _dtype(item)) for name, item in _datasets(f).items()}
 
 
 def load_keras_weights(model, path, allow_nonfinite=False):
@@ -57,17 +70,18 @@ def load_keras_weights(model, path, allow_nonfinite=False):
             for name in sorted(set(stored) - set(expected)):
                 problems.append(f"not in the model: {name} {stored[name].shape}")
             for name in sorted(set(expected) - set(stored)):
-                problems.append(f"missing from the file: {name} {expected[name]}")
+                problems.append(f"missing from the file: {name} {expected[name][0]}")
             for name in sorted(set(expected) & set(stored)):
                 dataset = stored[name]
-                if dataset.shape != expected[name]:
+                shape, dtype = expected[name]
+                if dataset.shape != shape:
                     problems.append(
                         f"shape mismatch: {name} is {dataset.shape} in the file, "
-                        f"{expected[name]} in the model"
+                        f"{shape} in the model"
                     )
                 elif dataset.dtype.kind != "f" and not _is_bfloat16(dataset):
                     problems.append(f"{name} has dtype {dataset.dtype}; floats are needed")
-                elif not allow_nonfinite and not np.isfinite(_values(dataset)).all():
+                elif not allow_nonfinite and not _finite_as_stored(dataset, dtype):
                     problems.append(
                         f"{name} holds NaN or infinite values "
                         "(pass allow_nonfinite=True to load them anyway)"

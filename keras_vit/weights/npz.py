@@ -293,6 +293,14 @@ def _numpy_dtype(variable):
         return np.dtype("float32")
 
 
+def _as_stored(value, variable):
+    """`value` as the variable will hold it: a float64 beyond float32's range
+    is finite in the file but infinite once assigned, so finiteness is
+    checked on this."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return value.astype(_numpy_dtype(variable))
+
+
 def _dtype_problem(key, dtype, variable_dtype):
     # Checkpoints hold floats; an int, bool, complex, string or structured
     # array under a weight's key is a wrong file, not a value to cast.
@@ -393,8 +401,8 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
                 values[key] = _initial_value(model.get_layer("head"), key, shape)
             continue
         value = arrays[key]
-        if not allow_nonfinite and not np.isfinite(value).all():
-            count = int(value.size - np.isfinite(value).sum())
+        if not allow_nonfinite and not np.isfinite(_as_stored(value, variable)).all():
+            count = int(value.size - np.isfinite(_as_stored(value, variable)).sum())
             problems.append(
                 f"{key} holds {count} NaN or infinite value(s) "
                 "(pass allow_nonfinite=True to load them anyway)"

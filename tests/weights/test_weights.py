@@ -23,6 +23,7 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
+import h5py
 import keras
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ import scipy.ndimage
 import keras_vit
 from keras_vit.layers.position_embedding import resample_grid, resample_position_embedding
 from keras_vit.weights import cache, read_npz, registry
+from keras_vit.weights.h5 import _datasets as _h5_datasets
 from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables, prepare_npz
 from tests.helpers import ROOT, randomize_weights
 
@@ -240,10 +242,14 @@ def test_float16_and_float64_arrays_load(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("value", [np.nan, np.inf])
+@pytest.mark.parametrize("value", [np.nan, np.inf, 1e39])
 def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
+    # 1e39: finite in a float64 file, infinite as the float32 weight it
+    # becomes (issue 21: it loaded as inf).
     arrays = dict(np.load(export(tmp_path, randomize_weights(tiny()))))
-    arrays["Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"][3, 4] = value
+    key = "Transformer/encoderblock_1/MlpBlock_3/Dense_0/kernel"
+    arrays[key] = arrays[key].astype("float64")
+    arrays[key][3, 4] = value
     np.savez(tmp_path / "nan.npz", **arrays)
     model = tiny()
     before = weights_of(model)
@@ -251,8 +257,8 @@ def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
         keras_vit.load_weights(model, str(tmp_path / "nan.npz"))
     assert_unchanged(model, before)
     keras_vit.load_weights(model, str(tmp_path / "nan.npz"), allow_nonfinite=True)
-    kernel = model.get_layer("encoderblock_1").mlp.dense_0.kernel.numpy()
-    np.testing.assert_array_equal(kernel[3, 4], value)
+    kernel = keras.ops.convert_to_numpy(model.get_layer("encoderblock_1").mlp.dense_0.kernel)
+    np.testing.assert_array_equal(kernel[3, 4], np.float32(value) if np.isfinite(value) else value)
 
 
 @pytest.mark.parametrize("builder", ["ViT", "ViTTi16", "get_model"])
@@ -298,6 +304,17 @@ def test_weights_h5_non_finite_values_are_refused(tmp_path):
     source.save_weights(tmp_path / "nan.weights.h5")
     with pytest.raises(ValueError, match="vars/0 holds NaN or infinite values"):
         keras_vit.load_weights(tiny(), str(tmp_path / "nan.weights.h5"))
+    # A float64 dataset beyond float32's range: infinite once loaded
+    # (issue 21: it loaded as inf).
+    tiny().save_weights(tmp_path / "big.weights.h5")
+    with h5py.File(tmp_path / "big.weights.h5", "r+") as f:
+        name = next(n for n in _h5_datasets(f) if n.endswith("vars/0"))
+        values = f[name][()].astype("float64")
+        values.flat[0] = 1e39
+        del f[name]
+        f[name] = values
+    with pytest.raises(ValueError, match="holds NaN or infinite values"):
+        keras_vit.load_weights(tiny(), str(tmp_path / "big.weights.h5"))
 
 
 def test_npy_renamed_to_npz_is_named(tmp_path):
