@@ -401,8 +401,9 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
                 values[key] = _initial_value(model.get_layer("head"), key, shape)
             continue
         value = arrays[key]
-        if not allow_nonfinite and not np.isfinite(_as_stored(value, variable)).all():
-            count = int(value.size - np.isfinite(_as_stored(value, variable)).sum())
+        finite = allow_nonfinite or np.isfinite(_as_stored(value, variable))
+        if not np.all(finite):
+            count = int(value.size - np.count_nonzero(finite))
             problems.append(
                 f"{key} holds {count} NaN or infinite value(s) "
                 "(pass allow_nonfinite=True to load them anyway)"
