@@ -162,13 +162,18 @@ def parse(argv, configs, *, prog, description):
         if metavar == "BOOL":
             kwargs.update(nargs="?", const=True)
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
-        help_text = f"{field.metadata.get('help', '')} (default: {_show(value)})"
+        valid = f", in {field.metadata['valid']}" if field.metadata.get("valid") else ""
+        help_text = f"{field.metadata.get('help', '')} (default: {_show(value)}{valid})"
         # argparse %-formats help strings.
         parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)
         fields.append(field.name)
     args = parser.parse_args(argv)
     for field in fields:
         setattr(config, field, getattr(args, field))
+    try:
+        config.check()
+    except ValueError as error:
+        parser.error(str(error))
     return args.config, config, bool(args.smoke)
 
 

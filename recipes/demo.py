@@ -32,13 +32,13 @@ model.keras, model.npz, summary.json) and `inspect/` (the figures as PNG).
 """
 
 import os
-import shutil
 import time
 
 from recipes import cli
 from recipes import finetune
 from recipes import pretrain
 from recipes import run as skeleton
+from recipes import rundir
 from recipes.configs import demo as configs
 from recipes.configs import finetune as finetune_configs
 from recipes.configs import pretrain as pretrain_configs
@@ -144,40 +144,40 @@ def run(demo, config_name=None, smoke=False):
     (`--smoke` is already in `demo`: `get_config(smoke=True)` sets the sizes.)"""
     start = time.perf_counter()
     skeleton.check_fields(demo)
-    if demo.overwrite:
-        for part in ("pretrain", "finetune"):
-            shutil.rmtree(os.path.join(demo.run_dir, part), ignore_errors=True)
-    data_dir = os.path.join(demo.run_dir, "data", "digits")
-    sizes = write_digits(data_dir, demo.test_fraction, demo.seed)
-    print(f"Digits written to {data_dir}: {sizes['train']} training, {sizes['test']} test images "
-          "(8x8 grey, tiled to RGB by the pipeline).", flush=True)
+    # The demo's directory is a run directory too (its data, both runs and
+    # the figures): --overwrite deletes them, and only them.
+    with rundir.claim(demo.run_dir, demo.overwrite):
+        data_dir = os.path.join(demo.run_dir, "data", "digits")
+        sizes = write_digits(data_dir, demo.test_fraction, demo.seed)
+        print(f"Digits written to {data_dir}: {sizes['train']} training, {sizes['test']} test images "
+              "(8x8 grey, tiled to RGB by the pipeline).", flush=True)
 
-    print(f"\n== Pre-training at {demo.pretrain_size} px", flush=True)
-    upstream = pretrain.run(pretrain_config(demo, data_dir), "demo")
-    weights = upstream["model_npz"]
+        print(f"\n== Pre-training at {demo.pretrain_size} px", flush=True)
+        upstream = pretrain.run(pretrain_config(demo, data_dir), "demo")
+        weights = upstream["model_npz"]
 
-    print(f"\n== Fine-tuning at {demo.finetune_size} px from {weights}", flush=True)
-    downstream = finetune.run(finetune_config(demo, data_dir, weights), "demo")
-    wall = time.perf_counter() - start
-    if wall < 0.5 * downstream["total_wall_time_s"]:
-        print(f"\n(Results of an earlier demo in {demo.run_dir}; --overwrite trains again.)")
-    print(
-        f"\nTest accuracy: {100 * downstream['accuracy']:.2f} % on {downstream['eval_examples']} "
-        f"held-out digits (pre-training at {demo.pretrain_size} px: "
-        f"{100 * upstream['accuracy']:.2f} %). Demo wall time {wall:.0f} s, backend "
-        f"{downstream['backend']}.\nModels: {downstream['model_keras']}, {downstream['model_npz']}",
-        flush=True,
-    )
-    outcome = {"pretrain": upstream, "finetune": downstream, "wall_time_s": wall}
-    if demo.inspect:
-        figures = write_inspection(
-            downstream["model_keras"], os.path.join(data_dir, "test"), os.path.join(demo.run_dir, "inspect")
+        print(f"\n== Fine-tuning at {demo.finetune_size} px from {weights}", flush=True)
+        downstream = finetune.run(finetune_config(demo, data_dir, weights), "demo")
+        wall = time.perf_counter() - start
+        if wall < 0.5 * downstream["total_wall_time_s"]:
+            print(f"\n(Results of an earlier demo in {demo.run_dir}; --overwrite trains again.)")
+        print(
+            f"\nTest accuracy: {100 * downstream['accuracy']:.2f} % on {downstream['eval_examples']} "
+            f"held-out digits (pre-training at {demo.pretrain_size} px: "
+            f"{100 * upstream['accuracy']:.2f} %). Demo wall time {wall:.0f} s, backend "
+            f"{downstream['backend']}.\nModels: {downstream['model_keras']}, {downstream['model_npz']}",
+            flush=True,
         )
-        print("Figures of the fine-tuned model (paper Figures 6 and 7):")
-        for name, path in figures.items():
-            print(f"  {name}: {path}")
-        outcome["figures"] = figures
-    return outcome
+        outcome = {"pretrain": upstream, "finetune": downstream, "wall_time_s": wall}
+        if demo.inspect:
+            figures = write_inspection(
+                downstream["model_keras"], os.path.join(data_dir, "test"), os.path.join(demo.run_dir, "inspect")
+            )
+            print("Figures of the fine-tuned model (paper Figures 6 and 7):")
+            for name, path in figures.items():
+                print(f"  {name}: {path}")
+            outcome["figures"] = figures
+        return outcome
 
 
 parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)

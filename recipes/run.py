@@ -12,16 +12,18 @@ imported inside the functions, after the flags are parsed.
 """
 
 import contextlib
+import csv
 import json
 import os
-import shutil
 import tempfile
 import time
 
+from recipes import rundir
 from recipes.cli import RecipeError
 from recipes.cli import check_auto_bool
 from recipes.cli import check_choice
 from recipes.configs import CHOICES
+from recipes.rundir import read_json
 
 # Fields that may change between an interrupted run and its resumption.
 RESUMABLE_CHANGES = frozenset(
@@ -54,36 +56,26 @@ def write_json(path, value):
     return path
 
 
-def read_json(path):
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
-
-
 def jsonable(config):
     """A config (dataclass) as plain JSON values."""
     return json.loads(json.dumps(config.to_dict(), default=_json_default))
 
 
-def open_run_dir(config, recipe, config_name):
-    """Creates (or reopens) the run directory and records the config.
+def record_config(config, recipe, config_name, run_dir):
+    """Records the config in `run_dir/config.json` (a directory `claim`ed).
 
     A run directory holds one run: started again with the same config it
     resumes; with a different config it is an error naming the fields,
-    unless `overwrite` is set or nothing was written there but the config.
+    unless nothing was written there but the config. The time the run first
+    started is kept across resumptions (the summary's wall time).
     """
-    run_dir = config.run_dir or os.path.join("runs", recipe, config_name or "custom")
-    config.run_dir = run_dir
     path = os.path.join(run_dir, "config.json")
     saved = read_json(path)
-    if saved is not None and config.overwrite:
-        shutil.rmtree(run_dir)
-        saved = None
     current = jsonable(config)
     # A directory where nothing ran yet (a start that failed its checks)
     # takes the new config.
-    started = saved is not None and any(name != "config.json" for name in os.listdir(run_dir))
+    started = saved is not None and any(
+        name not in ("config.json", rundir.MARKER) for name in os.listdir(run_dir))
     if started:
         before = saved.get("config", {})
         changed = sorted(
@@ -97,9 +89,9 @@ def open_run_dir(config, recipe, config_name):
                 "Run the same command to resume it, pass another --run_dir, or --overwrite "
                 f"to start over. Received: run_dir={run_dir!r}"
             )
-    os.makedirs(run_dir, exist_ok=True)
-    write_json(path, {"recipe": recipe, "config_name": config_name, "config": current})
-    return run_dir
+    first_start = saved.get("started") if started else None
+    write_json(path, {"recipe": recipe, "config_name": config_name, "config": current,
+                      "started": first_start if isinstance(first_start, (int, float)) else time.time()})
 
 
 # ---------------------------------------------------------------------------
@@ -108,10 +100,15 @@ def open_run_dir(config, recipe, config_name):
 
 
 def check_fields(config):
-    """The fields with a fixed set of values that `config` has
-    (`--decay_type`, `--augmentation`, `--accumulator_dtype`,
-    `--first_moment_dtype`, `--cache`, `--jit_compile`): a bad value is an
-    expected failure naming the flag and the value, before any work."""
+    """Every number within its field's interval (`Config.check`), and the
+    fields with a fixed set of values that `config` has (`--decay_type`,
+    `--augmentation`, `--accumulator_dtype`, `--first_moment_dtype`,
+    `--cache`, `--jit_compile`): a bad value is an expected failure naming
+    the flag and the value, before any work."""
+    try:
+        config.check()
+    except ValueError as error:
+        raise RecipeError(str(error)) from None
     for field, choices in CHOICES.items():
         if hasattr(config, field):
             check_choice(config, field, choices)
@@ -677,7 +674,8 @@ def train_and_evaluate(
                 "eval_examples": int(round(logs["examples"])),
             }
 
-    losses = history.history.get("loss") or []
+    history = read_history(os.path.join(run_dir, "history.csv"))
+    losses = history.get("loss") or []
     result = {
         "steps": steps,
         "batch_size": config.batch_size,
@@ -688,7 +686,7 @@ def train_and_evaluate(
         "train_wall_time_s": train_time,
         "wall_time_s": time.perf_counter() - start,
         "resumed_from_step": backup.resumed_from["step"] if backup.resumed_from else None,
-        "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+        "history": history,
         "notes": notes,
         **evaluation,
     }
@@ -696,6 +694,26 @@ def train_and_evaluate(
         result.update(save(model, run_dir))
     write_json(result_path, result)
     return result
+
+
+def read_history(path):
+    """The whole run's history from `history.csv`: `{metric: [per epoch]}`.
+
+    Keras' `History` holds only this process's epochs, and a resumed run
+    logs the epoch it was killed in once more (the later row wins: it
+    continues bit for bit)."""
+    def number(text):  # CSVLogger writes "NA" for a metric an epoch lacks
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return None
+
+    if not os.path.exists(path):
+        return {}
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = {int(row["epoch"]): row for row in csv.DictReader(f)}
+    keys = sorted({key for row in rows.values() for key in row if key != "epoch"})
+    return {key: [number(rows[epoch].get(key)) for epoch in sorted(rows)] for key in keys}
 
 
 def save_classifier(model, run_dir):
@@ -766,12 +784,17 @@ def print_summary(title, summary, keys):
     print("\n".join(lines), flush=True)
 
 
+@contextlib.contextmanager
 def open_run(recipe, config, config_name):
     """The start of every run, before the distribution: an unknown
-    `--model` refused, then the run directory opened (`open_run_dir`).
-    Returns the run directory."""
+    `--model` refused, the run directory claimed (`rundir.claim`: new,
+    empty or this recipe's own, locked while the block runs) and the config
+    recorded (`record_config`). Yields the run directory."""
     check_model(config)
-    return open_run_dir(config, recipe, config_name)
+    config.run_dir = config.run_dir or os.path.join("runs", recipe, config_name or "custom")
+    with rundir.claim(config.run_dir, config.overwrite) as run_dir:
+        record_config(config, recipe, config_name, run_dir)
+        yield run_dir
 
 
 def start_run(recipe, config, run_dir):
@@ -792,24 +815,24 @@ def run_recipe(recipe, config, config_name, *, smoke, body, title, summary_keys)
     `summary.json` exists) prints the summary's `summary_keys` again and
     trains no more.
     """
-    run_dir = open_run(recipe, config, config_name)
-    summary_path = os.path.join(run_dir, "summary.json")
-    done = read_json(summary_path)
-    if done is not None:
-        print_summary(f"{title} finished earlier: {run_dir}", done, summary_keys)
-        return done
-    start = time.perf_counter()
-    setup, header = start_run(recipe, config, run_dir)
-    with smoke_mode(config, smoke):
-        result = body(run_dir, setup, header)
-    summary = {
-        "recipe": recipe,
-        "config_name": config_name,
-        "config": jsonable(config),
-        **result,
-        **environment(setup),
-        "total_wall_time_s": time.perf_counter() - start,
-    }
-    write_json(summary_path, summary)
+    with open_run(recipe, config, config_name) as run_dir:
+        summary_path = os.path.join(run_dir, "summary.json")
+        done = read_json(summary_path)
+        if done is not None:
+            print_summary(f"{title} finished earlier: {run_dir}", done, summary_keys)
+            return done
+        setup, header = start_run(recipe, config, run_dir)
+        with smoke_mode(config, smoke):
+            result = body(run_dir, setup, header)
+        summary = {
+            "recipe": recipe,
+            "config_name": config_name,
+            "config": jsonable(config),
+            **result,
+            **environment(setup),
+            # From the run's first start, interruptions included.
+            "total_wall_time_s": time.time() - read_json(os.path.join(run_dir, "config.json"))["started"],
+        }
+        write_json(summary_path, summary)
     print_summary(f"{title} finished: {run_dir}", summary, summary_keys)
     return summary

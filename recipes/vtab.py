@@ -340,54 +340,54 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     "report": markdown, "run_dir": ...}`."""
     check_config(config)
     tasks = select_tasks(config.tasks)
-    run_dir = skeleton.open_run("vtab", config, config_name)
-    setup, header = skeleton.start_run("vtab", config, run_dir)
-    if config.verbose:
-        skeleton.print_header(header + [
-            f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
-            f"updates of {config.batch_size} at {config.image_size} px"
-        ])
-    model_label = f"{config.model or 'ViT'} ({config.weights or 'random init'})"
-    failed = []
-    with skeleton.smoke_mode(config, smoke):
-        for index, task in enumerate(tasks):
-            task_dir = os.path.join(run_dir, "tasks", task.key)
-            result_path = os.path.join(task_dir, TASK_RESULT)
-            previous = skeleton.read_json(result_path)
-            if previous is not None and previous["status"] == "done":
-                print(f"[{index + 1}/{len(tasks)}] {task.name}: done earlier, "
-                      f"{previous['accuracy']:.2f} %", flush=True)
-                continue
-            print(f"[{index + 1}/{len(tasks)}] {task.name} ({task.num_classes} classes)", flush=True)
-            start = time.perf_counter()
-            try:
-                row = run_task(task, config, task_dir, setup, callbacks)
-            except Exception as error:  # A failing task must not stop the others.
-                message = f"{type(error).__name__}: {error}"
-                os.makedirs(task_dir, exist_ok=True)
-                with open(os.path.join(task_dir, "error.txt"), "w") as f:
-                    f.write(traceback.format_exc())
-                row = {
-                    "task": task.key, "name": task.name, "group": task.group, "status": "failed",
-                    "accuracy": None, "learning_rate": None, "steps": None, "warmup_steps": None,
-                    "val_accuracy": None, "eval_examples": None,
-                    "wall_time_s": time.perf_counter() - start,
-                    "paper": task.paper.get(config.paper_model), "error": message,
-                }
-                failed.append(task.key)
-                print(f"  {task.name} failed ({message.splitlines()[0][:300]}); "
-                      f"traceback in {task_dir}/error.txt. Continuing.", flush=True)
-            else:
-                print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, "
-                      f"{row['steps']} steps, {row['wall_time_s']:.0f} s)", flush=True)
-            skeleton.write_json(result_path, row)
-    rows, markdown = write_report(run_dir, config, model_label)
-    print(markdown)
-    print(f"Report: {os.path.join(run_dir, 'report.md')}, {os.path.join(run_dir, 'report.png')}")
-    if failed:
-        print(f"Failed tasks: {', '.join(failed)}. Run the same command again to retry them "
-              "(finished tasks are skipped).")
-    return {"rows": rows, "failed": failed, "report": markdown, "run_dir": run_dir}
+    with skeleton.open_run("vtab", config, config_name) as run_dir:
+        setup, header = skeleton.start_run("vtab", config, run_dir)
+        if config.verbose:
+            skeleton.print_header(header + [
+                f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
+                f"updates of {config.batch_size} at {config.image_size} px"
+            ])
+        model_label = f"{config.model or 'ViT'} ({config.weights or 'random init'})"
+        failed = []
+        with skeleton.smoke_mode(config, smoke):
+            for index, task in enumerate(tasks):
+                task_dir = os.path.join(run_dir, "tasks", task.key)
+                result_path = os.path.join(task_dir, TASK_RESULT)
+                previous = skeleton.read_json(result_path)
+                if previous is not None and previous["status"] == "done":
+                    print(f"[{index + 1}/{len(tasks)}] {task.name}: done earlier, "
+                          f"{previous['accuracy']:.2f} %", flush=True)
+                    continue
+                print(f"[{index + 1}/{len(tasks)}] {task.name} ({task.num_classes} classes)", flush=True)
+                start = time.perf_counter()
+                try:
+                    row = run_task(task, config, task_dir, setup, callbacks)
+                except Exception as error:  # A failing task must not stop the others.
+                    message = f"{type(error).__name__}: {error}"
+                    os.makedirs(task_dir, exist_ok=True)
+                    with open(os.path.join(task_dir, "error.txt"), "w") as f:
+                        f.write(traceback.format_exc())
+                    row = {
+                        "task": task.key, "name": task.name, "group": task.group, "status": "failed",
+                        "accuracy": None, "learning_rate": None, "steps": None, "warmup_steps": None,
+                        "val_accuracy": None, "eval_examples": None,
+                        "wall_time_s": time.perf_counter() - start,
+                        "paper": task.paper.get(config.paper_model), "error": message,
+                    }
+                    failed.append(task.key)
+                    print(f"  {task.name} failed ({message.splitlines()[0][:300]}); "
+                          f"traceback in {task_dir}/error.txt. Continuing.", flush=True)
+                else:
+                    print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, "
+                          f"{row['steps']} steps, {row['wall_time_s']:.0f} s)", flush=True)
+                skeleton.write_json(result_path, row)
+        rows, markdown = write_report(run_dir, config, model_label)
+        print(markdown)
+        print(f"Report: {os.path.join(run_dir, 'report.md')}, {os.path.join(run_dir, 'report.png')}")
+        if failed:
+            print(f"Failed tasks: {', '.join(failed)}. Run the same command again to retry them "
+                  "(finished tasks are skipped).")
+        return {"rows": rows, "failed": failed, "report": markdown, "run_dir": run_dir}
 
 
 parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)

@@ -74,6 +74,20 @@ def test_freeze_backbone_counts_and_training_moves_only_the_head():
         keras_vit.freeze_backbone(tiny(include_top=False, pooling="token"))
 
 
+def test_frozen_backbone_stays_frozen_after_keras_save_and_load(tmp_path):
+    """Issue 21: a restored encoder block builds its sub-layers (Keras'
+    MultiHeadAttention's projections too) after `trainable=False` is set;
+    they stay frozen. Unfreezing the loaded model still unfreezes all."""
+    model = keras_vit.freeze_backbone(keras_vit.reset_head(tiny(num_layers=2), 3))
+    model.save(tmp_path / "probe.keras")
+    for loaded in (keras.saving.load_model(tmp_path / "probe.keras"),
+                   keras.Model.from_config(model.get_config())):
+        assert [w.path for w in loaded.trainable_weights] == ["head/kernel", "head/bias"]
+        assert len(loaded.non_trainable_weights) == len(model.weights) - 2
+        loaded.trainable = True
+        assert len(loaded.trainable_weights) == len(model.weights)
+
+
 def test_reset_head_keeps_a_single_input_structure(recwarn):
     """Calling the new model with an array, as users do, gives no Keras
     warning about the input structure (a list of one input would)."""

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.utils import check_rate
+from keras_vit.layers.utils import freeze_sublayers_if_frozen
 
 # Flax LayerNorm's default; Keras' default (1e-3) gives visibly different
 # logits with the original checkpoints.
@@ -54,6 +55,7 @@ class MlpBlock(keras.layers.Layer):
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
+        freeze_sublayers_if_frozen(self)
 
     def call(self, inputs, training=None):
         # `training` reaches the dropout through Keras' call context; passing
@@ -169,6 +171,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.attention.build(input_shape, input_shape)
         self.layer_norm_2.build(input_shape)
         self.mlp.build(input_shape)
+        freeze_sublayers_if_frozen(self)
 
     def _drop_path(self, branch, training):
         if not training or self.drop_path_rate == 0.0:

@@ -24,3 +24,16 @@ def check_rate(value, name):
             f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
         )
     return float(value)
+
+
+def freeze_sublayers_if_frozen(layer):
+    """Passes a frozen layer's `trainable=False` on to the sub-layers its
+    `build` created.
+
+    A layer restored from a config (`.keras` loading, `from_config`) is
+    frozen before `build` creates its sub-layers, and Keras creates them,
+    and their variables, trainable (MultiHeadAttention's own projections
+    too): without this a frozen encoder trains again after a save and load.
+    """
+    if not layer.trainable:
+        layer.trainable = False  # Keras' setter sets every sub-layer and variable

@@ -4,13 +4,13 @@ import json
 import math
 import os
 import re
-import socket
 import tempfile
 
 import keras
 import numpy as np
 
 from keras_vit import distribute
+from keras_vit.training import locks
 
 _POINTER = "checkpoint.json"
 _LOCK = "backup.lock"
@@ -28,9 +28,6 @@ _FIELDS = {
 # Fields a checkpoint of an older keras_vit may lack: `backend` (the Keras
 # backend that wrote it) was added without a format change.
 _OPTIONAL_FIELDS = {"backend": str}
-# Locks this process holds: a `fit` that raised never reaches
-# `on_train_end`, and a new run in the same process takes its lock over.
-_HELD_LOCKS = {}
 
 
 class BackupAndResume(keras.callbacks.Callback):
@@ -218,7 +215,7 @@ class BackupAndResume(keras.callbacks.Callback):
         self._check_same_run(metadata, model)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        model.load_weights(os.path.join(self.backup_dir, metadata["weights"]))
+        _load_checked_step(model, os.path.join(self.backup_dir, metadata["weights"]), metadata["step"])
         for variable, value in zip(_seed_states(model), metadata["seed_states"]):
             variable.assign(np.asarray(value, dtype=variable.dtype))
         if metadata["global_seed_state"] is not None:
@@ -669,45 +666,69 @@ def _check_state_sizes(metadata, model, path):
             )
 
 
+def _load_checked_step(model, path, step):
+    """Loads the weights file of a checkpoint unless the optimizer step it
+    holds differs from the one `checkpoint.json` records (a file replaced,
+    e.g. by another run's, would resume at the wrong step and end the run
+    early); the model is left as it was.
+
+    The step is read from the file first: Keras' weights file keeps the
+    optimizer's variables in order under `optimizer/vars/<index>`, and the
+    optimizer reports it as `iterations` (updates, not micro-batches, under
+    gradient accumulation) once assigned."""
+    try:
+        _check_stored_step(model, path, step)
+        model.load_weights(path)
+    except (OSError, KeyError) as error:  # h5py's errors for a damaged file
+        raise ValueError(
+            f"The checkpoint's weights file {path} cannot be read ({type(error).__name__}: "
+            f"{error}): it is damaged or truncated. Nothing was deleted. Delete the backup "
+            f"directory to start over, or restore the file. Received: weights={path!r}"
+        ) from error
+
+
+def _check_stored_step(model, path, step):
+    optimizer = model.optimizer
+    counter = [i for i, v in enumerate(optimizer.variables) if v.path.endswith("/iteration")] if optimizer else []
+    if len(counter) == 1:
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            stored = f.get(f"optimizer/vars/{counter[0]}")
+            stored = None if stored is None else stored[()]
+        if stored is not None:
+            variable = optimizer.variables[counter[0]]
+            current = keras.ops.convert_to_numpy(variable.value)
+            variable.assign(stored)
+            restored = int(keras.ops.convert_to_numpy(optimizer.iterations))
+            variable.assign(current)
+            if restored != step:
+                raise ValueError(
+                    f"The checkpoint in {os.path.dirname(path)} does not hold together: "
+                    f"{os.path.basename(path)} holds optimizer step {restored}, `checkpoint.json` "
+                    f"records step {step} (the file was replaced, e.g. by another run's). Nothing "
+                    "was restored. Use another `backup_dir`, or delete this one to start over. "
+                    f"Received: step={restored}"
+                )
+
+
 # --- One run per directory ---------------------------------------------------
 
 
 def _acquire_lock(directory):
-    """An exclusive OS lock on `directory`/backup.lock: held while `fit`
-    runs, released by the OS when the process ends (a killed run leaves no
-    stale lock). Where `fcntl` is missing (Windows) there is no lock."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    os.makedirs(directory, exist_ok=True)
-    key = os.path.realpath(directory)
-    held = _HELD_LOCKS.pop(key, None)
-    if held is not None:  # a run of this process that raised: take over
-        held.close()
-    handle = open(os.path.join(directory, _LOCK), "a+", encoding="utf-8")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
-        handle.close()
+    """An exclusive OS lock on `directory`/backup.lock, held while `fit`
+    runs (`keras_vit.training.locks`)."""
+    holder = locks.acquire(os.path.join(directory, _LOCK))
+    if holder is not None:
         raise RuntimeError(
             f"Another run is using the backup directory {directory} ({holder}); "
             "two runs cannot share one. Wait for it to end or use another "
             f"`backup_dir`. Received: backup_dir={directory!r}"
-        ) from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    handle.flush()
-    _HELD_LOCKS[key] = handle
+        )
 
 
 def _release_lock(directory):
-    handle = _HELD_LOCKS.pop(os.path.realpath(directory), None)
-    if handle is not None:
-        handle.close()
+    locks.release(os.path.join(directory, _LOCK))
 
 
 def _remove(path):

@@ -11,14 +11,25 @@ This package imports no framework: `--help` stays fast.
 """
 
 import dataclasses
+import math
 import typing
 
 
-def arg(default, help):  # noqa: A002 - the flag's help text
-    """A config field with its `--help` text; mutable defaults are copied."""
+def arg(default, help, valid=None):  # noqa: A002 - the flag's help text
+    """A config field with its `--help` text and, for numbers, the `valid`
+    interval (`"[0, 1)"`, `"(0, inf)"`, ...; each item of a tuple field);
+    mutable defaults are copied. Every float must also be finite."""
+    metadata = {"help": help, "valid": valid}
     if isinstance(default, (dict, list)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def _in_interval(value, interval):
+    low, high = (float(bound) for bound in interval[1:-1].split(","))
+    above = value > low if interval[0] == "(" else value >= low
+    below = value < high if interval[-1] == ")" else value <= high
+    return above and below
 
 
 class Config:
@@ -38,6 +49,20 @@ class Config:
 
     def to_dict(self):
         return dataclasses.asdict(self)
+
+    def check(self):
+        """Raises ValueError naming the first field whose number is outside
+        its `valid` interval or not finite, before any work."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            items = value if isinstance(value, tuple) else (value,)
+            for item in items:
+                if isinstance(item, bool) or not isinstance(item, (int, float)):
+                    continue
+                interval = field.metadata.get("valid")
+                if not math.isfinite(item) or (interval and not _in_interval(item, interval)):
+                    rule = f"in {interval}" if interval else "a finite number"
+                    raise ValueError(f"--{field.name} must be {rule}. Received: --{field.name}={item!r}")
 
     @classmethod
     def types(cls):
@@ -87,11 +112,11 @@ class RunFields(Config):
     jit_compile: str = arg(
         "auto", "Keras jit_compile: auto (XLA on JAX/TensorFlow, eager on PyTorch), true, or false "
         "(no compilation: slower steps, no compile time)")
-    steps_per_execution: int = arg(1, "batches per compiled call (e.g. 50 on TPUs: fewer host round trips)")
-    seed: int = arg(0, "random seed (weights, shuffling)")
-    verbose: int = arg(1, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent")
-    log_every: int = arg(100, "optimizer updates per Keras epoch (one line of logs, CSV and TensorBoard)")
-    checkpoint_every: int = arg(500, "optimizer updates between resumable checkpoints")
+    steps_per_execution: int = arg(1, "batches per compiled call (e.g. 50 on TPUs: fewer host round trips)", valid="[1, inf)")
+    seed: int = arg(0, "random seed (weights, shuffling)", valid="[0, 4294967295]")
+    verbose: int = arg(1, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent", valid="[0, 2]")
+    log_every: int = arg(100, "optimizer updates per Keras epoch (one line of logs, CSV and TensorBoard)", valid="[1, inf)")
+    checkpoint_every: int = arg(500, "optimizer updates between resumable checkpoints", valid="[1, inf)")
 
 
 @dataclasses.dataclass(eq=True)
@@ -99,7 +124,7 @@ class DataFields(Config):
     data_dir: Optional[str] = arg(None, "tensorflow-datasets data directory (default: tfds')")
     download: bool = arg(True, "download and prepare a missing tfds dataset")
     manual_dir: Optional[str] = arg(None, "files of manual-download datasets (ImageNet, ...)")
-    shuffle_buffer: int = arg(50_000, "training shuffle buffer (vit_jax: 50,000)")
+    shuffle_buffer: int = arg(50_000, "training shuffle buffer (vit_jax: 50,000)", valid="[1, inf)")
     cache: str = arg("auto", "auto (cache splits of at most 150,000 examples), true or false")
     skip_bad_images: bool = arg(
         False, "image folders: leave out (and count) files that do not decode instead of failing")
@@ -111,23 +136,23 @@ class ModelFields(Config):
         "ViT-B_16", "original config or AugReg name (ViT-B_16, R50+ViT-B_16, B_16, ...); "
         "none for a custom model given by model_overrides alone")
     model_overrides: dict = arg({}, 'JSON object of ViT keyword arguments, e.g. \'{"num_layers": 2}\'')
-    dropout_rate: Optional[float] = arg(None, "dropout (default: the variant's)")
+    dropout_rate: Optional[float] = arg(None, "dropout (default: the variant's)", valid="[0, 1)")
 
 
 @dataclasses.dataclass(eq=True)
 class ScheduleFields(Config):
-    image_size: int = arg(384, "training and evaluation resolution")
-    batch_size: int = arg(512, "global batch per optimizer update")
-    accum_steps: int = arg(1, "micro-batches accumulated per update; 1 for none")
-    eval_batch_size: int = arg(64, "evaluation batch")
-    total_steps: int = arg(10_000, "optimizer updates")
-    warmup_steps: int = arg(500, "linear warmup")
-    learning_rate: float = arg(0.03, "base learning rate")
+    image_size: int = arg(384, "training and evaluation resolution", valid="[1, inf)")
+    batch_size: int = arg(512, "global batch per optimizer update", valid="[1, inf)")
+    accum_steps: int = arg(1, "micro-batches accumulated per update; 1 for none", valid="[1, inf)")
+    eval_batch_size: int = arg(64, "evaluation batch", valid="[1, inf)")
+    total_steps: int = arg(10_000, "optimizer updates", valid="[1, inf)")
+    warmup_steps: int = arg(500, "linear warmup", valid="[0, inf)")
+    learning_rate: float = arg(0.03, "base learning rate", valid="(0, inf)")
     decay_type: str = arg("cosine", "cosine or linear")
-    grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off")
+    grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")
     eval_every: int = arg(
         0, "evaluate the test split every this many updates during training (a multiple of "
-        "log_every); 0: only at the end")
+        "log_every); 0: only at the end", valid="[0, inf)")
 
 
 # `--smoke`: a tiny model, a few steps, tfds replaced by generated examples

@@ -13,23 +13,23 @@ SMOKE_MODEL = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, patch_
 class DemoConfig(Config):
     run_dir: str = arg("runs/demo", "where the data, both runs and their models go")
     overwrite: bool = arg(False, "delete the results of an earlier demo in run_dir first")
-    pretrain_size: int = arg(16, "pre-training resolution (px)")
-    finetune_size: int = arg(32, "fine-tuning resolution (px)")
-    pretrain_steps: int = arg(1000, "pre-training updates")
-    pretrain_batch_size: int = arg(64, "pre-training batch")
-    finetune_steps: int = arg(300, "fine-tuning updates")
+    pretrain_size: int = arg(16, "pre-training resolution (px)", valid="[1, inf)")
+    finetune_size: int = arg(32, "fine-tuning resolution (px)", valid="[1, inf)")
+    pretrain_steps: int = arg(1000, "pre-training updates", valid="[1, inf)")
+    pretrain_batch_size: int = arg(64, "pre-training batch", valid="[1, inf)")
+    finetune_steps: int = arg(300, "fine-tuning updates", valid="[1, inf)")
     finetune_batch_size: int = arg(
-        64, "fine-tuning batch, as 2 accumulated micro-batches (the paper's 512 as 8 x 64, scaled down)")
-    finetune_learning_rate: float = arg(0.03, "fine-tuning base learning rate")
+        64, "fine-tuning batch, as 2 accumulated micro-batches (the paper's 512 as 8 x 64, scaled down)", valid="[1, inf)")
+    finetune_learning_rate: float = arg(0.03, "fine-tuning base learning rate", valid="(0, inf)")
     model_overrides: dict = arg(
         dict(hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128, patch_size=4),
         "the ViT's size (patch 4: a 4x4 grid at 16 px, 8x8 at 32 px)")
     inspect: bool = arg(True, "write the inspection figures of the fine-tuned model to run_dir/inspect")
-    test_fraction: float = arg(0.2, "share of the digits held out for testing (stratified)")
+    test_fraction: float = arg(0.2, "share of the digits held out for testing (stratified)", valid="(0, 1)")
     jit_compile: str = arg("auto", "Keras jit_compile: auto, true or false")
     distribution: str = arg("auto", "see keras_vit.distribute.get_distribution")
-    seed: int = arg(0, "random seed (split, weights, shuffling)")
-    verbose: int = arg(2, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent")
+    seed: int = arg(0, "random seed (split, weights, shuffling)", valid="[0, 4294967295]")
+    verbose: int = arg(2, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent", valid="[0, 2]")
 
 
 def digits():

@@ -47,16 +47,16 @@ class FinetuneConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     sweep: bool = arg(
         False, "the paper's protocol: try every lr of lr_grid on sweep_train_split -> "
         "sweep_val_split, then train with the best on train_split, report test_split")
-    lr_grid: Tuple[float, ...] = arg((0.001, 0.003, 0.01, 0.03), "learning rates of the sweep")
+    lr_grid: Tuple[float, ...] = arg((0.001, 0.003, 0.01, 0.03), "learning rates of the sweep", valid="(0, inf)")
     sweep_train_split: str = arg("train[:98%]", "training split of the sweep")
     sweep_val_split: str = arg("train[98%:]", "held-out split of the sweep")
-    image_size: int = arg(384, "fine-tuning resolution (paper: 384)")
-    batch_size: int = arg(512, "global batch per optimizer update (paper: 512)")
-    accum_steps: int = arg(8, "micro-batches accumulated per update (vit_jax: 8 x 64 = 512); 1 for none")
-    total_steps: int = arg(10_000, "optimizer updates")
-    warmup_steps: int = arg(500, "linear warmup (vit_jax: 500)")
-    learning_rate: float = arg(0.03, "base learning rate (vit_jax default 0.03)")
-    momentum: float = arg(0.9, "SGD momentum (optax order, not Nesterov)")
+    image_size: int = arg(384, "fine-tuning resolution (paper: 384)", valid="[1, inf)")
+    batch_size: int = arg(512, "global batch per optimizer update (paper: 512)", valid="[1, inf)")
+    accum_steps: int = arg(8, "micro-batches accumulated per update (vit_jax: 8 x 64 = 512); 1 for none", valid="[1, inf)")
+    total_steps: int = arg(10_000, "optimizer updates", valid="[1, inf)")
+    warmup_steps: int = arg(500, "linear warmup (vit_jax: 500)", valid="[0, inf)")
+    learning_rate: float = arg(0.03, "base learning rate (vit_jax default 0.03)", valid="(0, inf)")
+    momentum: float = arg(0.9, "SGD momentum (optax order, not Nesterov)", valid="[0, 1)")
     accumulator_dtype: str = arg(
         "bfloat16", "momentum buffer dtype: bfloat16 (the original's) or float32 (exact momentum)")
     augmentation: str = arg(

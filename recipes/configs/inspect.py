@@ -22,17 +22,17 @@ class InspectConfig(Config):
     weights: Optional[str] = arg(
         None, "an original .npz, a registered name (imagenet21k, imagenet21k+imagenet2012, augreg, "
         "...) or a .weights.h5 file; none for random weights (figures of an untrained model)")
-    num_classes: Optional[int] = arg(None, "with a .weights.h5 file: the classes of the saved model's head")
+    num_classes: Optional[int] = arg(None, "with a .weights.h5 file: the classes of the saved model's head", valid="[1, inf)")
     image_size: Optional[Tuple[int, ...]] = arg(
-        None, "model input size: one int (square) or height,width; default 224, or the saved model's")
+        None, "model input size: one int (square) or height,width; default 224, or the saved model's", valid="[1, inf)")
     images: Optional[str] = arg(None, "a folder of images (sub-folders searched)")
     run_dir: str = arg("runs/inspect", "where the figures, inspect.npz and summary.json go")
-    max_images: int = arg(128, "images used for the attention distance (the paper used 128)")
-    rollout_images: int = arg(4, "images shown in the rollout figure")
-    components: int = arg(28, "principal components of the filters")
+    max_images: int = arg(128, "images used for the attention distance (the paper used 128)", valid="[1, inf)")
+    rollout_images: int = arg(4, "images shown in the rollout figure", valid="[1, inf)")
+    components: int = arg(28, "principal components of the filters", valid="[1, inf)")
     format: str = arg("png", f"figure format: {', '.join(FORMATS)}")  # noqa: A003
-    batch_size: int = arg(16, "images per forward pass")
-    seed: int = arg(0, "random seed (random weights, --smoke images)")
+    batch_size: int = arg(16, "images per forward pass", valid="[1, inf)")
+    seed: int = arg(0, "random seed (random weights, --smoke images)", valid="[0, 4294967295]")
 
 
 def default():

@@ -44,27 +44,27 @@ class PretrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     pre_logits: bool = arg(
         True, "pre-training head with one tanh hidden layer of the model's width (paper Sec. 3.1, "
         "App. D.3; AugReg i21k: false)")
-    drop_path_rate: float = arg(0.0, "stochastic depth, increasing linearly to this rate")
+    drop_path_rate: float = arg(0.0, "stochastic depth, increasing linearly to this rate", valid="[0, 1)")
     dataset: Optional[str] = arg(
         "imagenet2012", "tfds name or a folder holding one sub-folder per split, each with one "
         "sub-folder per class")
     train_split: str = arg("train[:99%]", "split to train on")
     test_split: Optional[str] = arg("validation", "split to report accuracy on; none to skip")
-    image_size: int = arg(224, "pre-training resolution (paper: 224)")
-    batch_size: int = arg(4096, "global batch per optimizer update (paper: 4096)")
-    eval_batch_size: int = arg(256, "evaluation batch")
-    epochs: float = arg(300.0, "training length in epochs of train_split (if total_steps is 0)")
-    total_steps: int = arg(0, "optimizer updates; 0: from epochs")
-    warmup_steps: int = arg(10_000, "linear warmup (paper: 10k)")
-    learning_rate: float = arg(3e-3, "base learning rate (Table 3)")
+    image_size: int = arg(224, "pre-training resolution (paper: 224)", valid="[1, inf)")
+    batch_size: int = arg(4096, "global batch per optimizer update (paper: 4096)", valid="[1, inf)")
+    eval_batch_size: int = arg(256, "evaluation batch", valid="[1, inf)")
+    epochs: float = arg(300.0, "training length in epochs of train_split (if total_steps is 0)", valid="(0, inf)")
+    total_steps: int = arg(0, "optimizer updates; 0: from epochs", valid="[0, inf)")
+    warmup_steps: int = arg(10_000, "linear warmup (paper: 10k)", valid="[0, inf)")
+    learning_rate: float = arg(3e-3, "base learning rate (Table 3)", valid="(0, inf)")
     decay_type: str = arg("cosine", "cosine or linear (Table 3)")
-    linear_end: float = arg(1e-5, "final learning rate of the linear decay")
-    weight_decay: float = arg(0.3, "decoupled weight decay times the learning rate, on kernels (Table 3)")
+    linear_end: float = arg(1e-5, "final learning rate of the linear decay", valid="[0, inf)")
+    weight_decay: float = arg(0.3, "decoupled weight decay times the learning rate, on kernels (Table 3)", valid="[0, inf)")
     first_moment_dtype: str = arg(
         "float32", "Adam first moment dtype: float32 or bfloat16 (big_vision)")
     loss: str = arg(
         "softmax", "softmax (cross-entropy) or sigmoid (AugReg: per-class sigmoid, head bias -10 / -6.9)")
-    label_smoothing: float = arg(0.0, "label smoothing")
+    label_smoothing: float = arg(0.0, "label smoothing", valid="[0, 1)")
     head_bias_init: Optional[float] = arg(
         None, "head bias (default: 0 for softmax; sigmoid: -10 for imagenet21k, -6.9 otherwise)")
     augmentation: str = arg(

@@ -32,21 +32,21 @@ class MppConfig(ModelFields, DataFields, RunFields):
         "or synthetic: endless smooth random colour fields (a patch's colour follows from its "
         "neighbours'; 8 of them are also written to <run_dir>/samples for recipes.inspect_vit)")
     train_split: str = arg("train", "split to train on (tfds string or sub-folder; . for the folder itself)")
-    image_size: Tuple[int, ...] = arg((224,), "input size: one int (square) or height,width")
-    batch_size: int = arg(4096, "global batch per optimizer update (paper: 4096)")
-    accum_steps: int = arg(1, "micro-batches accumulated per update")
-    total_steps: int = arg(1_000_000, "optimizer updates (paper: 1M on JFT)")
-    warmup_steps: int = arg(10_000, "linear warmup")
-    learning_rate: float = arg(2e-4, "base learning rate (paper: 2e-4)")
+    image_size: Tuple[int, ...] = arg((224,), "input size: one int (square) or height,width", valid="[1, inf)")
+    batch_size: int = arg(4096, "global batch per optimizer update (paper: 4096)", valid="[1, inf)")
+    accum_steps: int = arg(1, "micro-batches accumulated per update", valid="[1, inf)")
+    total_steps: int = arg(1_000_000, "optimizer updates (paper: 1M on JFT)", valid="[1, inf)")
+    warmup_steps: int = arg(10_000, "linear warmup", valid="[0, inf)")
+    learning_rate: float = arg(2e-4, "base learning rate (paper: 2e-4)", valid="(0, inf)")
     decay_type: str = arg("cosine", "cosine or linear")
-    grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off")
+    grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")
     weight_decay: float = arg(
-        0.1, "decoupled, on kernels; the paper does not give MPP's, 0.1 is its JFT pre-training value")
+        0.1, "decoupled, on kernels; the paper does not give MPP's, 0.1 is its JFT pre-training value", valid="[0, inf)")
     target: str = arg("mean_color", f"prediction target: {', '.join(TARGETS)}")
-    bits: int = arg(3, "bits per colour channel of the target")
+    bits: int = arg(3, "bits per colour channel of the target", valid="[1, 8]")
     quantization: str = arg("uint8", f"colour quantisation: {', '.join(QUANTIZATIONS)}")
-    corruption_rate: float = arg(0.5, "share of the patches corrupted")
-    head_hidden_size: Optional[int] = arg(None, "hidden layer of the prediction head (default: the width)")
+    corruption_rate: float = arg(0.5, "share of the patches corrupted", valid="(0, 1]")
+    head_hidden_size: Optional[int] = arg(None, "hidden layer of the prediction head (default: the width)", valid="[1, inf)")
 
 
 def paper():

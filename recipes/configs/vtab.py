@@ -26,24 +26,24 @@ class VtabConfig(ModelFields, DataFields, ScheduleFields, RunFields):
         "all", "comma-separated task keys or paper names (clevr_count, Clevr-Dist, ...), group names "
         "(natural, specialized, structured) or all")
     cache: str = arg("auto", "auto, true or false (VTAB-1k splits are small: cached)")
-    image_size: int = arg(384, "resolution of every task (paper: 384)")
-    batch_size: int = arg(512, "global batch per update (paper: 512)")
-    accum_steps: int = arg(8, "micro-batches accumulated per update (8 x 64 = 512)")
-    total_steps: int = arg(2500, "updates per task (paper: 2,500)")
-    warmup_steps: int = arg(200, "linear warmup (AugReg's 200 for 2,500-step runs)")
-    learning_rate: float = arg(0.01, "base learning rate (paper: 0.01)")
-    momentum: float = arg(0.9, "SGD momentum")
+    image_size: int = arg(384, "resolution of every task (paper: 384)", valid="[1, inf)")
+    batch_size: int = arg(512, "global batch per update (paper: 512)", valid="[1, inf)")
+    accum_steps: int = arg(8, "micro-batches accumulated per update (8 x 64 = 512)", valid="[1, inf)")
+    total_steps: int = arg(2500, "updates per task (paper: 2,500)", valid="[1, inf)")
+    warmup_steps: int = arg(200, "linear warmup (AugReg's 200 for 2,500-step runs)", valid="[0, inf)")
+    learning_rate: float = arg(0.01, "base learning rate (paper: 0.01)", valid="(0, inf)")
+    momentum: float = arg(0.9, "SGD momentum", valid="[0, 1)")
     accumulator_dtype: str = arg("bfloat16", "momentum buffer dtype: bfloat16 (the original's) or float32")
     augmentation: str = arg(
         "resize_crop", "training crop: resize_crop (paper/BiT, 448 -> 384), inception_crop or resize; BiT's "
         "per-task switches still turn crops and flips off")
-    shuffle_buffer: int = arg(1000, "training shuffle buffer")
+    shuffle_buffer: int = arg(1000, "training shuffle buffer", valid="[1, inf)")
     sweep: bool = arg(
         False, "AugReg protocol: every lr of lr_grid x steps of steps_grid on train800 -> val200, "
         "the best retrained on train800val200, evaluated on test")
-    lr_grid: Tuple[float, ...] = arg((0.001, 0.003, 0.01, 0.03), "learning rates of the sweep")
-    steps_grid: Tuple[int, ...] = arg((500, 2500), "training lengths of the sweep")
-    warmup_grid: Tuple[int, ...] = arg((100, 200), "warmup of each training length of steps_grid")
+    lr_grid: Tuple[float, ...] = arg((0.001, 0.003, 0.01, 0.03), "learning rates of the sweep", valid="(0, inf)")
+    steps_grid: Tuple[int, ...] = arg((500, 2500), "training lengths of the sweep", valid="[1, inf)")
+    warmup_grid: Tuple[int, ...] = arg((100, 200), "warmup of each training length of steps_grid", valid="[0, inf)")
     save_models: bool = arg(False, "also write each task's final model.keras / model.npz")
     paper_model: str = arg(
         "ViT-L/16 (I21k)",

@@ -6,12 +6,15 @@ batches, the lr sweep, and a run killed with SIGKILL that the same command
 resumes."""
 
 import csv
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import types
+import typing
 
 import keras
 import numpy as np
@@ -27,6 +30,7 @@ from recipes import inspect_vit
 from recipes import pretrain
 from recipes import pretrain_mpp
 from recipes import run as skeleton
+from recipes import rundir
 from recipes import vtab
 from recipes.configs import finetune as finetune_configs
 from recipes.configs import pretrain as pretrain_configs
@@ -45,6 +49,46 @@ _fast_compiles = pytest.fixture(scope="module", autouse=True, name="_fast_compil
 # ---------------------------------------------------------------------------
 # Flags and configs.
 # ---------------------------------------------------------------------------
+
+
+def _numeric_fields(config):
+    """`(field, item type, interval)` of a config's number fields (tuples of
+    numbers and optional numbers included)."""
+    found = []
+    for field in dataclasses.fields(config):
+        annotation = type(config).types()[field.name]
+        args = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+        inner = typing.get_args(args[0])[0] if typing.get_origin(args[0]) is tuple else args[0]
+        if inner in (int, float):
+            found.append((field.name, inner, field.metadata.get("valid")))
+    return found
+
+
+@pytest.mark.one_backend
+def test_every_numeric_flag_is_range_checked_before_any_work(capsys):
+    """Issue 21: --learning_rate=nan and inf trained, other bad numbers ended
+    in tracebacks. Every number field of every recipe declares its interval
+    (only a bias may be any finite number) and a value outside it, or not
+    finite, is one error line at parse time."""
+    checked = 0
+    for recipe in (finetune, pretrain, pretrain_mpp, vtab, demo, inspect_vit):
+        _, config, _ = recipe.parse([])
+        for name, kind, interval in _numeric_fields(config):
+            assert interval or name == "head_bias_init", (recipe.__name__, name)
+            bad = ["nan", "inf", "-inf"] if kind is float else []
+            if interval:
+                low, high = (float(b) for b in interval[1:-1].split(","))
+                bad.append(repr(kind(low - 1 if interval[0] == "[" else low)))
+                if high != float("inf"):
+                    bad.append(repr(kind(high + 1 if interval[-1] == "]" else high)))
+            for value in bad:
+                with pytest.raises(SystemExit) as exit_info:
+                    recipe.parse([f"--{name}={value}"])
+                err = capsys.readouterr().err
+                assert exit_info.value.code == 2 and err.count("\n") == 1, (name, value, err)
+                assert err.startswith(f"error: --{name} must be ") and f"Received: --{name}=" in err, err
+                checked += 1
+    assert checked > 150
 
 
 @pytest.mark.one_backend
@@ -270,6 +314,9 @@ def test_demo_end_to_end(demo_run):
     for part in ("pretrain", "finetune"):
         events = [f for _, _, files in os.walk(run_dir / part / "logs") for f in files]
         assert any(f.startswith("events.out.tfevents") for f in events), (part, events)
+    # Nothing but what --overwrite may delete (issue 21).
+    for directory in (run_dir, run_dir / "pretrain", run_dir / "finetune"):
+        assert set(os.listdir(directory)) <= rundir.RUN_ENTRIES, os.listdir(directory)
     # The fine-tuned model's inspection figures (paper Figures 6 and 7).
     assert set(outcome["figures"]) == {"rollout", "posemb_similarity", "embedding_filters", "attention_distance"}
     for path in outcome["figures"].values():
@@ -391,6 +438,9 @@ def test_finetune_linear_probe_trains_the_head_only(tmp_path):
             continue
         np.testing.assert_array_equal(end[key], start[key], err_msg=key)
     assert np.abs(end["head/kernel"]).max() > 0  # the head trained (from zero)
+    # The saved model is still a linear probe (issue 21).
+    saved = keras.saving.load_model(tmp_path / "b" / "model.keras", compile=False)
+    assert [w.path for w in saved.trainable_weights] == ["head/kernel", "head/bias"]
 
 
 def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
@@ -453,6 +503,107 @@ def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------
+# Run directories (issue 21): a recipe writes only into a new or empty
+# directory or its own run, and deletes only what it wrote, never under a
+# live run.
+# ---------------------------------------------------------------------------
+
+
+def _files(path):
+    return {p.name: p.read_text() for p in path.iterdir()}
+
+
+@pytest.mark.one_backend
+def test_a_folder_no_recipe_wrote_is_refused_and_untouched(tmp_path, capsys):
+    # Someone's model folder with a config.json, with and without --overwrite.
+    for extra in ([], ["--overwrite"]):
+        folder = tmp_path / f"model{len(extra)}"
+        folder.mkdir()
+        for name, text in {"config.json": '{"architectures": ["ViTModel"]}', "model.safetensors": "w",
+                           "notes.txt": "mine"}.items():
+            (folder / name).write_text(text)
+        before = _files(folder)
+        err = _error(finetune.main, ["--smoke", f"--run_dir={folder}", *extra], capsys)
+        assert f"the run directory {folder} is not empty (config.json, model.safetensors, notes.txt)" in err
+        assert "Pass a new or empty --run_dir" in err
+        assert _files(folder) == before
+    # No config.json: the user's model.keras and history.csv stay as they are.
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "model.keras").write_text("theirs")
+    (folder / "history.csv").write_text("epoch,loss\n0,1.0\n")
+    assert "is not empty (history.csv, model.keras)" in _error(pretrain.main, ["--smoke", f"--run_dir={folder}"], capsys)
+    assert _files(folder) == {"model.keras": "theirs", "history.csv": "epoch,loss\n0,1.0\n"}
+    path = tmp_path / "a_file"
+    path.write_text("x")
+    assert f"the run directory {path} is a file" in _error(vtab.main, ["--smoke", f"--run_dir={path}"], capsys)
+    assert path.read_text() == "x"
+
+
+@pytest.mark.one_backend
+def test_overwrite_deletes_only_what_recipes_wrote_and_damaged_records_are_one_line(tmp_path, capsys):
+    run = f"--run_dir={tmp_path / 'run'}"
+    refused = ["--smoke", run, "--distribution=nope"]  # refused after the config is recorded: no work
+    _error(finetune.main, refused, capsys)
+    (tmp_path / "run" / "summary.json").write_text("[1, 2]")
+    assert "summary.json holds a list; a recipe writes a JSON object there" in _error(finetune.main, refused, capsys)
+    (tmp_path / "run" / "config.json").write_text("{broken")
+    assert "config.json cannot be read" in _error(finetune.main, refused, capsys)
+    # --overwrite: the recipe's files go, the user's notes stay.
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    (tmp_path / "run" / "checkpoints").mkdir()
+    _error(finetune.main, refused + ["--overwrite"], capsys)
+    assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json", "notes.txt"]
+
+
+def _live_run():
+    """A fine-tuning run that stays alive in its first epoch, holding its
+    run directory, until the test kills it."""
+    run_dir, ready = os.environ["KERAS_VIT_TEST_RUN_DIR"], os.environ["KERAS_VIT_TEST_READY"]
+
+    class Wait(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint.json")):
+                open(ready, "w").close()
+                time.sleep(600)
+
+    finetune.main(["--smoke", f"--run_dir={run_dir}", "--verbose=0", "--checkpoint_every=1"], callbacks=[Wait()])
+
+
+@pytest.mark.one_backend
+def test_a_live_run_is_never_deleted_nor_joined(tmp_path):
+    """Issue 21: --overwrite while another process trains in the directory
+    deleted it under the live run. In real processes: the live run, then
+    the same command with and without --overwrite."""
+    run_dir, ready = tmp_path / "run", tmp_path / "ready"
+    env = dict(os.environ, KERAS_VIT_TEST_RUN_DIR=str(run_dir), KERAS_VIT_TEST_READY=str(ready),
+               TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    live = subprocess.Popen([sys.executable, "-c", "from tests.recipes.test_recipes import _live_run; _live_run()"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not ready.exists():
+            assert live.poll() is None and time.time() < deadline, live.stderr.read()[-3000:] if live.poll() else "slow"
+            time.sleep(0.2)
+        before = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
+        assert "checkpoints/checkpoint.json" in before and "history.csv" in before
+        for extra in (["--overwrite"], []):
+            done = subprocess.run(
+                [sys.executable, "-m", "recipes.finetune", "--smoke", f"--run_dir={run_dir}", "--verbose=0", *extra],
+                cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+            assert done.returncode == 2, done.stderr[-3000:]
+            assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+            assert f"the run directory {run_dir} is in use by a live run (pid {live.pid} on " in done.stderr
+        assert sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*")) == before
+    finally:
+        live.kill()
+        live.wait()
+    # The lock died with the process: the directory opens again.
+    with rundir.claim(str(run_dir)):
+        pass
+
+
+# ---------------------------------------------------------------------------
 # SIGKILL, then the same command.
 # ---------------------------------------------------------------------------
 
@@ -498,7 +649,9 @@ def _run_child(run_dir):
 
 
 def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path, capsys):
+    start = time.time()
     killed = _run_child(tmp_path)
+    killed_after = time.time() - start
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     with open(tmp_path / "checkpoints" / "checkpoint.json") as f:
         checkpoint = json.load(f)
@@ -521,7 +674,13 @@ def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path, capsys):
     with open(tmp_path / "checkpoints" / "checkpoint.json") as f:
         assert json.load(f)["step"] == 8
     with open(tmp_path / "history.csv") as f:
-        assert [int(row["epoch"]) for row in csv.DictReader(f)] == [0, 1]
+        rows = list(csv.DictReader(f))
+    assert [int(row["epoch"]) for row in rows] == [0, 1]
+    # The summary covers the whole run, not only this process's share
+    # (issue 21): both epochs, the last loss, the time since the first start.
+    assert summary["history"]["loss"] == [float(row["loss"]) for row in rows]
+    assert summary["final_loss"] == float(rows[-1]["loss"])
+    assert summary["total_wall_time_s"] > killed_after
     assert (tmp_path / "model.keras").exists() and (tmp_path / "model.npz").exists()
 
 
@@ -591,7 +750,7 @@ def _error(main, argv, capsys):
 
 def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     run = f"--run_dir={tmp_path / 'run'}"
-    assert "--total_steps must be a positive int. Received: --total_steps=-5" in _error(
+    assert "--total_steps must be in [1, inf). Received: --total_steps=-5" in _error(
         finetune.main, ["--smoke", run, "--total_steps=-5"], capsys)
     assert "--warmup_steps must be in [0, total_steps=4)" in _error(
         finetune.main, ["--smoke", run, "--warmup_steps=4"], capsys)
@@ -624,7 +783,7 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
         err = _error(main, ["--smoke", run, flag], capsys)
         assert err == f"error: {name} must be one of {choices}. Received: {flag}\n", (main, err)
     # Refused before any work: no training, no VTAB task, no demo data.
-    assert sorted(os.listdir(tmp_path / "run")) == ["config.json"]
+    assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json"]
     # A batch that does not split over the replicas: said before any work,
     # naming the flag and a value that works.
     config = finetune_configs.get_config(smoke=True).replace(batch_size=12)
@@ -794,6 +953,7 @@ def test_pretrain_mpp_resumes_and_reports_like_the_other_recipes(tmp_path, capsy
     assert "Resumed from update 6 of 12" in out and "== pretrain_mpp:" in out
     assert summary["steps"] == 12 and summary["resumed_from_step"] == 6
     assert summary["distribution"] == "none" and os.path.exists(summary["encoder_npz"])
+    assert set(os.listdir(tmp_path)) <= rundir.RUN_ENTRIES, os.listdir(tmp_path)
     # A changed field is refused; the finished run prints its summary again.
     with pytest.raises(cli.RecipeError, match="total_steps: 12 -> 18"):
         pretrain_mpp.main(argv[:2] + ["--total_steps=18"])

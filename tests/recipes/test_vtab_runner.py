@@ -13,6 +13,7 @@ import pytest
 from keras_vit.data import vtab
 from recipes import finetune
 from recipes import run as skeleton
+from recipes import rundir
 from recipes import vtab as runner
 from recipes.configs.vtab import VtabConfig
 from tests.helpers import ROOT, fast_jax_compiles
@@ -179,6 +180,7 @@ def test_all_19_tasks_in_smoke_mode_with_a_crash(smoke_runs):
     assert list(rows) == [t.key for t in vtab.TASKS]
     assert rows["dtd"]["status"] == "failed" and "simulated crash in DTD" in rows["dtd"]["error"]
     assert (run_dir / "tasks" / "dtd" / "error.txt").exists()
+    assert set(os.listdir(run_dir)) <= rundir.RUN_ENTRIES, os.listdir(run_dir)  # what --overwrite deletes
     for key, row in rows.items():
         if key == "dtd":
             continue

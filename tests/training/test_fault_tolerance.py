@@ -388,6 +388,34 @@ def test_tampered_checkpoint_is_refused_with_one_line(
         np.testing.assert_array_equal(a, b)
 
 
+def test_weights_file_of_another_step_or_damaged_is_refused(small_checkpoint, tmp_path):
+    """Issue 21: a step file replaced by another run's (another optimizer
+    step) was loaded, and the run ended early; a damaged one gave h5py's
+    traceback. Both are refused before the model changes; nothing is
+    deleted."""
+    other = tmp_path / "other"
+    _small_fit(_small_model(), other, epochs=1)  # 2 steps
+    weights = "step-000000000004.weights.h5"
+    for name, damage, match in (
+        ("replaced", lambda path: shutil.copy(other / "step-000000000002.weights.h5", path),
+         f"{weights} holds optimizer step 2, `checkpoint.json` records step 4"),
+        ("truncated", lambda path: path.write_bytes(path.read_bytes()[:3000]),
+         f"weights file {tmp_path / 'truncated' / 'copy' / weights} cannot be read .*damaged or truncated"),
+    ):
+        directory = _copy(small_checkpoint, tmp_path / name)
+        damage(directory / weights)
+        files = {p.name: p.read_bytes() for p in directory.iterdir() if p.name != "backup.lock"}
+        model = _small_model()
+        before = [keras.ops.convert_to_numpy(v) for v in model.variables]
+        with pytest.raises(ValueError, match=match) as error:
+            _small_fit(model, directory)
+        assert "\n" not in str(error.value)
+        for a, b in zip(before, [keras.ops.convert_to_numpy(v) for v in model.variables]):
+            np.testing.assert_array_equal(a, b)
+        assert {p.name: p.read_bytes() for p in directory.iterdir() if p.name != "backup.lock"} == files
+        assert _lock_is_free(directory)
+
+
 def _other_backend_checkpoint(small_checkpoint, tmp_path, backend):
     """The small checkpoint as the `backend` backend writes it (None: as a
     keras_vit that did not record the backend wrote it on this one)."""

@@ -1,0 +1,76 @@
+"""One process at a time: exclusive OS locks on files.
+
+`BackupAndResume` locks its backup directory while `fit` runs; the recipes
+lock their run directory for the whole run. The lock is `flock` on a file:
+the OS releases it when the process ends, even by SIGKILL, so a killed run
+leaves no stale lock. The file holds its holder (`pid N on HOST`) for the
+error message of the process that is refused. Where `fcntl` is missing
+(Windows) there is no lock.
+"""
+
+import os
+import socket
+
+# Locks this process holds, by real path: a run of this process that raised
+# before releasing its lock, and a new run in the same process, take it over.
+_HELD = {}
+
+
+def acquire(path):
+    """Locks the file `path` (created if missing) for this process.
+
+    Returns None, or the holder's description (`"pid N on HOST"`) when
+    another process holds the lock. A lock this process holds already is
+    taken over."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    key = os.path.realpath(path)
+    held = _HELD.pop(key, None)
+    if held is not None:
+        held.close()
+    handle = open(path, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        return holder
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    _HELD[key] = handle
+    return None
+
+
+def release(path):
+    """Releases a lock this process holds on `path` (nothing if none)."""
+    handle = _HELD.pop(os.path.realpath(path), None)
+    if handle is not None:
+        handle.close()
+
+
+def holder(path):
+    """The description of another live process holding `path`'s lock, or
+    None (no such file, no lock, or this process holds it)."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    if os.path.realpath(path) in _HELD:
+        return None
+    try:
+        handle = open(path, encoding="utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return handle.read().strip() or "unknown"
+        fcntl.flock(handle, fcntl.LOCK_UN)
+    return None

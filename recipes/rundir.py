@@ -1,0 +1,136 @@
+"""Run directories: where a recipe may write, and what it may delete.
+
+A recipe writes only into a directory that is new, empty, or a run
+directory of its own: one holding the marker file `.keras_vit_run` a recipe
+wrote there. `--overwrite` deletes only the entries recipes write
+(`RUN_ENTRIES`), and never while another process holds the run's lock.
+Everything else is refused with an error that names the directory and the
+safe choices. While a recipe runs, it holds an OS lock on the marker
+(`keras_vit.training.locks`: released when the process ends, even by
+SIGKILL), so that a second run of the same directory is refused.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+
+from recipes.cli import RecipeError
+
+MARKER = ".keras_vit_run"
+# Every name a recipe writes at the top of a run directory, so the only
+# ones `--overwrite` deletes (tests/recipes check that the recipes write
+# nothing else).
+RUN_ENTRIES = frozenset({
+    MARKER, "config.json", "summary.json", "result.json", "history.csv", "logs", "checkpoints",
+    "model.keras", "model.npz",
+    "sweep",  # finetune --sweep
+    "tasks", "results.json", "results.csv", "report.md", "report.png",  # vtab
+    "samples", "mpp.weights.h5", "encoder.npz", "backbone.keras",  # pretrain_mpp
+    "data", "pretrain", "finetune", "inspect",  # demo
+})
+# The lock of `keras_vit.training.BackupAndResume` in a run's checkpoints.
+_BACKUP_LOCK = "backup.lock"
+
+
+def read_json(path):
+    """The JSON object a recipe wrote at `path`, or None if there is none.
+
+    Recipes write these files atomically, so one that is not a JSON object
+    was changed by something else: an error naming it, not a traceback."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        value = error
+    if not isinstance(value, dict):
+        what = f"cannot be read ({value})" if isinstance(value, Exception) else f"holds a {type(value).__name__}"
+        raise RecipeError(
+            f"{path} {what}; a recipe writes a JSON object there. Restore the file, pass --overwrite "
+            f"to start the run again, or pass another --run_dir. Received: {path}"
+        )
+    return value
+
+
+def _is_own(run_dir, entries):
+    """A marked run directory, or one of a keras_vit version that wrote no
+    marker yet: its `config.json` is a recipe's record, or (the demo's) it
+    holds only recipe entries and a pre-training run."""
+    if MARKER in entries:
+        return True
+    if "pretrain" in entries and set(entries) <= RUN_ENTRIES and "config.json" not in entries:
+        return _is_own(os.path.join(run_dir, "pretrain"), os.listdir(os.path.join(run_dir, "pretrain")))
+    if "config.json" not in entries:
+        return False
+    try:
+        saved = read_json(os.path.join(run_dir, "config.json"))
+    except RecipeError:
+        return False
+    return {"recipe", "config_name", "config"} <= set(saved)
+
+
+def _live_holders(run_dir):
+    """Other live processes holding a run's lock or a `BackupAndResume`
+    lock anywhere in `run_dir` (sub-runs and sweeps included)."""
+    from keras_vit.training import locks
+
+    found = []
+    for directory, _, files in os.walk(run_dir):
+        for name in files:
+            if name in (MARKER, _BACKUP_LOCK):
+                holder = locks.holder(os.path.join(directory, name))
+                if holder is not None:
+                    found.append(f"{holder}, {os.path.join(directory, name)}")
+    return found
+
+
+def _delete_run(run_dir):
+    """Deletes what recipes wrote in `run_dir` (its marker kept: this
+    process holds its lock); anything else stays."""
+    for name in sorted(RUN_ENTRIES - {MARKER}):
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+
+
+@contextlib.contextmanager
+def claim(run_dir, overwrite=False):
+    """Opens `run_dir` for one recipe run in this process (see the module's
+    docstring); with `overwrite`, an earlier run there is deleted first.
+    The lock is released when the block ends."""
+    from keras_vit.training import locks
+
+    if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
+        raise RecipeError(
+            f"the run directory {run_dir} is a file, not a directory. Pass another --run_dir "
+            f"(a new or empty directory). Received: run_dir={run_dir!r}"
+        )
+    entries = sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []
+    if entries and not _is_own(run_dir, entries):
+        shown = ", ".join(entries[:5]) + (f", ... ({len(entries)} entries)" if len(entries) > 5 else "")
+        raise RecipeError(
+            f"the run directory {run_dir} is not empty ({shown}) and is not a recipe's run "
+            f"directory (no {MARKER} marker): a recipe writes only into a new or empty directory "
+            "or its own run, and --overwrite deletes only its own runs. Pass a new or empty "
+            f"--run_dir. Received: run_dir={run_dir!r}"
+        )
+    marker = os.path.join(run_dir, MARKER)
+    holder = locks.acquire(marker)
+    live = [f"{holder}, {marker}"] if holder is not None else _live_holders(run_dir)
+    if live:
+        locks.release(marker)
+        raise RecipeError(
+            f"the run directory {run_dir} is in use by a live run ({live[0]}): nothing was "
+            "changed. Wait for that run to end (the same command then resumes or reports it), "
+            f"or pass another --run_dir. Received: run_dir={run_dir!r}"
+        )
+    try:
+        if overwrite:
+            _delete_run(run_dir)
+        yield run_dir
+    finally:
+        locks.release(marker)
