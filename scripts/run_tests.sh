@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite, creating the environments it needs on first use:
-#   main    .venv         Python 3.11, newest versions (requirements/test.txt),
-#                         every test on jax, tensorflow and torch;
+# The whole test suite, creating the environments it needs on first use.
+# Each environment runs what only it can check:
+#   py312   .venv-py312   Python 3.12, the newest versions (requirements/py312.txt,
+#                         JAX 0.12): the library's and recipes' tests on jax and
+#                         tensorflow;
+#   main    .venv         Python 3.11, the newest versions for it
+#                         (requirements/test.txt): every test on torch (PyTorch
+#                         stays on 3.11), and on jax and tensorflow the tests
+#                         that need its tools or versions (timm parity, the
+#                         benchmarks, ONNX and JAX 0.10's export, the notebook:
+#                         markers `timm`, `main_env`);
 #   lowest  .venv-lowest  Python 3.11, the lowest versions keras_vit declares
-#                         (requirements/lowest.txt), the library's tests;
-#   py312   .venv-py312   Python 3.12 and the newest JAX (requirements/py312.txt),
-#                         the library's and recipes' tests, on jax and tensorflow.
+#                         (requirements/lowest.txt), the library's tests.
 # Tests marked `one_backend` (their subject does not depend on the Keras
 # backend: flags, docs, tf.data pipelines, the catalogue, ...) run in one
 # backend's run of each environment ($ONE_BACKEND, tensorflow by default).
@@ -39,6 +45,10 @@ LOWEST_TESTS="tests/models/test_models.py tests/test_anatomy.py tests/layers/tes
 # Python 3.12: the library's and the recipes' tests (not the benchmarks',
 # which compare with timm, nor the notebook's, which needs Jupyter).
 PY312_TESTS="tests --ignore=tests/benchmarks --ignore=tests/test_notebook.py"
+# Main's jax and tensorflow runs: what Python 3.12's cannot check. Its
+# tensorflow, keras and tfds are Python 3.12's; Python 3.11 itself is
+# checked by the torch and lowest runs.
+MAIN_MARKERS="timm or main_env"
 source scripts/venv.sh
 
 has() { [[ " $1 " == *" $2 "* ]]; }
@@ -74,18 +84,17 @@ if ! has "$BACKENDS" "$ONE_BACKEND"; then ONE_BACKEND="${BACKENDS%% *}"; fi
 runs=()
 add_run() {  # add_run ENV VENV BACKEND MARKERS TESTS...
   local env="$1" venv="$2" backend="$3" markers="$4"; shift 4
-  if [ "$backend" != "$ONE_BACKEND" ]; then markers="${markers:+$markers and }not one_backend"; fi
+  if [ "$backend" != "$ONE_BACKEND" ]; then markers="${markers:+($markers) and }not one_backend"; fi
   runs+=("$env-$backend|$venv|$backend|${markers:-}|$*")
 }
-# Longest first (on 2 cores: main and py312 on jax and tensorflow take
-# 6-10 minutes each, torch and the lowest runs 1-4), so that no long run
-# starts last.
-for run in main-jax main-tensorflow py312-jax py312-tensorflow main-torch lowest-jax lowest-tensorflow lowest-torch; do
+# Longest first (on 2 cores: py312's take 6-8 minutes each, the others
+# 1-4), so that no long run starts last.
+for run in py312-jax py312-tensorflow lowest-jax main-torch lowest-tensorflow main-tensorflow main-jax lowest-torch; do
   env="${run%%-*}" backend="${run#*-}"
   if ! has "$ENVS" "$env" || ! has "$BACKENDS" "$backend"; then continue; fi
   # shellcheck disable=SC2086
   case "$env" in
-    main) add_run main "$VENV" "$backend" "" tests ;;
+    main) add_run main "$VENV" "$backend" "$([ "$backend" = torch ] || echo "$MAIN_MARKERS")" tests ;;
     py312) if has "$PY312_BACKENDS" "$backend"; then add_run py312 .venv-py312 "$backend" "not timm" $PY312_TESTS; fi ;;
     lowest) add_run lowest .venv-lowest "$backend" "not timm" $LOWEST_TESTS ;;
   esac
@@ -96,12 +105,16 @@ trap 'rm -rf "$logs"' EXIT
 run_one() {  # run_one "name|venv|backend|markers|tests" [pytest args...]
   local name venv backend markers tests
   IFS='|' read -r name venv backend markers tests <<< "$1"; shift
+  # Full-size models (marker `large`, one forward pass each) in the newest
+  # versions' runs: the lowest run checks the same code on tiny models.
+  local large=--large
+  if [ "${name%%-*}" = lowest ]; then large=""; fi
   # The checkout itself is imported (PYTHONPATH), not installed, so that
   # the lowest and py312 environments hold nothing but their pins. Each run
   # shares JAX compilations with its own subprocesses.
   # shellcheck disable=SC2086
   KERAS_BACKEND="$backend" PYTHONPATH="$PWD" JAX_COMPILATION_CACHE_DIR="$PWD/$venv/jax_cache" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider --large --durations=10 \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider $large --durations=10 \
     ${markers:+-m "$markers"} $tests "$@"
 }
 

@@ -15,6 +15,8 @@ import keras_vit
 from keras_vit.layers import PreprocessInput
 from tests.helpers import assert_close_rel, lazy_build, randomize_weights
 
+pytestmark = pytest.mark.main_env
+
 BACKEND = keras.backend.backend()
 TINY = dict(input_shape=(16, 16, 3), hidden_size=8, mlp_dim=16, num_heads=2, num_layers=1, patch_size=8, num_classes=5)
 

@@ -16,6 +16,8 @@ import keras_vit
 from keras_vit.weights import augreg as augreg_lib
 from tests.helpers import ROOT, assert_close_rel, randomize_weights
 
+pytestmark = pytest.mark.main_env
+
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("ipykernel")

@@ -19,6 +19,8 @@ import step_costs  # noqa: E402
 
 sys.path.pop(0)
 
+pytestmark = pytest.mark.main_env
+
 
 @pytest.mark.one_backend
 def test_flop_count_of_vit_b16():
