@@ -184,12 +184,17 @@ def _run_on_splits(config, train_split, eval_split, *, run_dir, setup, header=()
     cache = skeleton.cache_setting(config)
 
     def train_data(batch_size):
-        return data.finetune_pipeline(
-            train_source, training=True, batch_size=batch_size, image_size=config.image_size,
-            augmentation=config.augmentation, flip=config.flip,
-            shuffle_buffer=config.shuffle_buffer, cache=cache, seed=config.seed,
-            batch_augmentation=augmentation_layers(config.batch_augmentation),
-        )
+        try:
+            return data.finetune_pipeline(
+                train_source, training=True, batch_size=batch_size, image_size=config.image_size,
+                augmentation=config.augmentation, flip=config.flip,
+                shuffle_buffer=config.shuffle_buffer, cache=cache, seed=config.seed,
+                batch_augmentation=augmentation_layers(config.batch_augmentation),
+            )
+        except ValueError as error:  # a layer that cannot run there, found as the pipeline is built
+            if "batch_augmentation" not in str(error):
+                raise
+            raise cli.RecipeError(f"--batch_augmentation={config.batch_augmentation}: {error}") from None
 
     def eval_data(batch_size):
         return data.finetune_pipeline(

@@ -67,31 +67,13 @@ def build_model(config):
         raise _expected(f"--model={config.model}, --weights={weights}")(error) from None
 
 
-def _unreadable(directory):
-    """The first image file of `directory` that PIL cannot decode, if any."""
-    from PIL import Image
-
-    for root, _, files in sorted(os.walk(directory)):
-        for name in sorted(files):
-            path = os.path.join(root, name)
-            try:
-                with Image.open(path) as image:
-                    image.load()
-            except OSError:
-                if name.lower().endswith((".jpg", ".jpeg", ".png", ".bmp", ".gif")):
-                    return path
-    return None
-
-
 def load_images(config, size, directory):
     from keras_vit import inspect as vit_inspect
 
     try:
         return vit_inspect.load_image_folder(directory, size, config.max_images)
-    except (ValueError, OSError) as error:
-        bad = _unreadable(directory) if os.path.isdir(directory) else None
-        where = f"{bad} cannot be read" if bad else str(error)
-        raise cli.RecipeError(f"--images={directory}: {where} ({type(error).__name__}: {error})") from None
+    except (ValueError, OSError) as error:  # the library's error names the file
+        raise cli.RecipeError(f"--images={directory}: {error}") from None
 
 
 def run(config, config_name=None, smoke=False):

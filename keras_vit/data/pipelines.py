@@ -336,18 +336,30 @@ def finetune_pipeline(
         def preprocess(image):
             return ops.normalize(ops.resize(image, image_size))
 
-    return _batched(
-        source,
-        preprocess,
-        training=training,
-        batch_size=batch_size,
-        shuffle_buffer=shuffle_buffer,
-        repeat=repeat,
-        cache=cache,
-        seed=seed,
-        batch_fn=batch_fn,
-        pad_to_batch=pad_to_batch,
-    )
+    try:
+        return _batched(
+            source,
+            preprocess,
+            training=training,
+            batch_size=batch_size,
+            shuffle_buffer=shuffle_buffer,
+            repeat=repeat,
+            cache=cache,
+            seed=seed,
+            batch_fn=batch_fn,
+            pad_to_batch=pad_to_batch,
+        )
+    except (AttributeError, TypeError, tf.errors.OpError) as error:
+        # A layer whose traced call tf.data cannot take (e.g. an unadapted
+        # `Normalization` leaks graph tensors), found as the map is built.
+        if not layers:
+            raise
+        names = [getattr(layer, "name", type(layer).__name__) for layer in layers]
+        raise ValueError(
+            f"`batch_augmentation` layers {names} cannot run on batches in tf.data "
+            f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}). "
+            f"Received: batch_augmentation={batch_augmentation!r}"
+        ) from error
 
 
 def _augmentation_layers(batch_augmentation):
@@ -380,12 +392,19 @@ def _augment_batch(layers, images, labels):
         # Keras 3 preprocessing layers (and keras-cv's) take a dict and
         # transform the labels along with the images (MixUp, CutMix).
         with_labels = hasattr(layer, "transform_labels") or hasattr(layer, "augment_labels")
-        output = layer({"images": images, "labels": labels} if with_labels else images)
+        name = getattr(layer, "name", type(layer).__name__)
+        try:
+            output = layer({"images": images, "labels": labels} if with_labels else images)
+        except Exception as error:  # traced when the pipeline is built: said there, naming the layer
+            raise ValueError(
+                f"`batch_augmentation` layer {name!r} ({type(layer).__name__}) cannot run on a batch of "
+                f"images {images.shape} in [0, 255] in tf.data: {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}"
+            ) from error
         if isinstance(output, dict) and "images" in output:
             new_images, new_labels = output["images"], output.get("labels", labels)
         else:
             new_images, new_labels = output, labels
-        name = getattr(layer, "name", type(layer).__name__)
         if not (tf.is_tensor(new_images) and tf.is_tensor(new_labels)):
             raise ValueError(
                 f"`batch_augmentation` layer {name!r} ({type(layer).__name__}) must return images or a dict "

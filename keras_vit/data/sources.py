@@ -229,6 +229,12 @@ def from_tfds(
                 f"Dataset {name!r} has no feature {key!r}; its features are "
                 f"{sorted(features)}. Received: {arg}={key!r}"
             )
+    if not isinstance(features[image_key], tfds.features.Image):
+        raise ValueError(
+            f"Feature {image_key!r} of {name!r} is not an image ({type(features[image_key]).__name__}); "
+            f"its image features are {sorted(k for k in features if isinstance(features[k], tfds.features.Image))}. "
+            f"Received: image_key={image_key!r}"
+        )
     num_classes = getattr(features[label_key], "num_classes", None)
     if not num_classes:
         raise ValueError(

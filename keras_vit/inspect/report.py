@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -56,7 +57,7 @@ def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSI
     height, width = (int(s) for s in size)
     images = []
     for path in paths:
-        image = keras.utils.load_img(path, color_mode="rgb")
+        image = _load_rgb(path)
         scale = max(height / image.height, width / image.width)
         resized = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
         image = image.resize(resized, resample=2)  # PIL.Image.BILINEAR
@@ -64,6 +65,25 @@ def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSI
         image = image.crop((left, top, left + width, top + height))
         images.append(np.asarray(image, dtype=np.uint8))
     return np.stack(images), [os.path.relpath(p, directory) for p in paths]
+
+
+def _load_rgb(path):
+    """An image file as an RGB PIL image; a file that is not one, or a
+    decompression bomb (more pixels than PIL's `MAX_IMAGE_PIXELS`, about
+    89 million: far beyond any inspection image), is a ValueError naming
+    it, before its pixels are allocated."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            return keras.utils.load_img(path, color_mode="rgb")
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
+                Image.DecompressionBombWarning) as error:
+            raise ValueError(
+                f"{path} cannot be read as an image ({type(error).__name__}: {error}). "
+                f"Received: {path!r}"
+            ) from None
 
 
 def write_figures(model, images, directory, image_format="png", rollout_images=4,

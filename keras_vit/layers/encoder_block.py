@@ -55,7 +55,7 @@ class MlpBlock(keras.layers.Layer):
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
         self.dense_0.build(input_shape)
         self.dense_1.build((*input_shape[:-1], self.mlp_dim))
-        freeze_sublayers_if_frozen(self)
+        freeze_sublayers_if_frozen(self, (self.dense_0, self.dense_1, self.dropout))
 
     def call(self, inputs, training=None):
         # `training` reaches the dropout through Keras' call context; passing
@@ -171,7 +171,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.attention.build(input_shape, input_shape)
         self.layer_norm_2.build(input_shape)
         self.mlp.build(input_shape)
-        freeze_sublayers_if_frozen(self)
+        freeze_sublayers_if_frozen(self, (
+            self.layer_norm_0, self.attention, self.attention_dropout, self.layer_norm_2, self.mlp))
 
     def _drop_path(self, branch, training):
         if not training or self.drop_path_rate == 0.0:

@@ -26,14 +26,19 @@ def check_rate(value, name):
     return float(value)
 
 
-def freeze_sublayers_if_frozen(layer):
-    """Passes a frozen layer's `trainable=False` on to the sub-layers its
+def freeze_sublayers_if_frozen(layer, sublayers):
+    """Passes a frozen layer's `trainable=False` on to the `sublayers` its
     `build` created.
 
     A layer restored from a config (`.keras` loading, `from_config`) is
     frozen before `build` creates its sub-layers, and Keras creates them,
     and their variables, trainable (MultiHeadAttention's own projections
     too): without this a frozen encoder trains again after a save and load.
+    Each sub-layer is set (its setter reaches its own sub-layers and
+    variables): `layer.trainable = False` on the already frozen layer would
+    do nothing on TensorFlow, whose attribute tracking skips assigning a
+    value an attribute already holds.
     """
     if not layer.trainable:
-        layer.trainable = False  # Keras' setter sets every sub-layer and variable
+        for sublayer in sublayers:
+            sublayer.trainable = False

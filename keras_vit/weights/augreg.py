@@ -75,7 +75,17 @@ def _parse(value, column, where):
 
 
 def read_index(path):
-    """Parses an `index.csv` file into an `AugRegIndex`."""
+    """Parses an `index.csv` file into an `AugRegIndex`; a file that is not
+    one (a byte that is not UTF-8, a field beyond the csv module's limit,
+    a missing column, a short row, a cell that is not a number) is a
+    ValueError naming the file."""
+    try:
+        return _read_index(path)
+    except (csv.Error, UnicodeDecodeError) as error:
+        raise ValueError(f"{os.fspath(path)!r} is not an AugReg index: {error}. Received: path={path!r}") from None
+
+
+def _read_index(path):
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)

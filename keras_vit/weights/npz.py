@@ -187,6 +187,8 @@ def _members(archive, path):
         if not info.filename.endswith(".npy"):
             raise _unreadable(path, f"member {info.filename!r} is not an `.npy` array")
         key = info.filename[: -len(".npy")]
+        if info.flag_bits & 0x1:  # zip's "encrypted" bit: zipfile would ask for a password
+            raise _unreadable(path, f"{key!r} is encrypted (a password-protected archive)")
         try:
             with archive.open(info) as f:
                 version = np.lib.format.read_magic(f)
@@ -197,7 +199,8 @@ def _members(archive, path):
                 else:
                     raise ValueError(f"unsupported `.npy` format version {version}")
                 offset = f.tell()
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error) as e:
+            # NotImplementedError: a compression method zipfile does not know.
             raise _unreadable(path, f"the header of {key!r} is truncated or corrupt", e) from e
         if dtype.hasobject:
             raise _unreadable(

@@ -219,6 +219,14 @@ def test_bad_index_files_are_clear_errors(tmp_path):
     path.write_text("\n".join([text[0], text[1].replace(",0.478,", ",inf,")]) + "\n")
     with pytest.raises(ValueError, match="line 2: column 'final_val' is not a finite number. Received: 'inf'"):
         keras_vit.weights.augreg_index(path)
+    # Issue 21: the csv module's and the decoder's errors were tracebacks
+    # the cache's validator did not catch.
+    path.write_text("\n".join([text[0], text[1].replace(",0.478,", f',"{"9" * 200_000}",')]) + "\n")
+    with pytest.raises(ValueError, match="is not an AugReg index: field larger than field limit"):
+        keras_vit.weights.augreg_index(path)
+    path.write_bytes(("\n".join(text) + "\n").encode().replace(b"i21k", b"i21\xff", 1))
+    with pytest.raises(ValueError, match="is not an AugReg index: 'utf-8' codec can't decode byte 0xff"):
+        keras_vit.weights.augreg_index(path)
 
 
 @pytest.mark.one_backend

@@ -194,6 +194,16 @@ def test_truncated_and_corrupt_files(tmp_path):
             tiny(weights=str(tmp_path / name))
 
 
+def test_encrypted_member_is_named(tmp_path):
+    # Issue 21: zipfile's "password required" RuntimeError was a traceback.
+    data = bytearray(open(export(tmp_path, tiny()), "rb").read())
+    central = data.index(b"PK\x01\x02")  # the first member's central directory record
+    data[central + 8] |= 0x1  # general purpose flags: encrypted
+    (tmp_path / "encrypted.npz").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="is encrypted \\(a password-protected archive\\)"):
+        tiny(weights=str(tmp_path / "encrypted.npz"))
+
+
 def test_pickled_arrays_are_never_loaded(tmp_path):
     np.savez(tmp_path / "pickle.npz", cls=np.array([{"evil": 1}], dtype=object))
     with pytest.raises(ValueError, match="'cls' holds Python objects"):
