@@ -653,15 +653,18 @@ def train_and_evaluate(
         eval_every = getattr(config, "eval_every", 0) or 0
         if eval_every and eval_data is not None:
             validation = dict(validation_data=eval_data(eval_batch), validation_freq=eval_every // log_every)
-        history = model.fit(
-            train_data(micro_batch),
-            steps_per_epoch=log_every * accum,
-            epochs=total // log_every,
-            shuffle=False,
-            verbose=0,
-            callbacks=fit_callbacks,
-            **validation,
-        )
+        try:
+            model.fit(
+                train_data(micro_batch),
+                steps_per_epoch=log_every * accum,
+                epochs=total // log_every,
+                shuffle=False,
+                verbose=0,
+                callbacks=fit_callbacks,
+                **validation,
+            )
+        except training.CheckpointWriteError as error:  # e.g. a full disk: the message says what was kept
+            raise RecipeError(str(error)) from None
         # Keras counts real updates (micro-batches // accum_steps) in `iterations`.
         steps = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
         train_time = time.perf_counter() - start

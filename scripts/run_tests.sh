@@ -89,7 +89,7 @@ add_run() {  # add_run ENV VENV BACKEND MARKERS TESTS...
 }
 # Longest first (on 2 cores: py312's take 6-8 minutes each, the others
 # 1-4), so that no long run starts last.
-for run in py312-jax py312-tensorflow lowest-jax main-torch lowest-tensorflow main-tensorflow main-jax lowest-torch; do
+for run in py312-jax py312-tensorflow lowest-tensorflow lowest-jax main-jax main-torch main-tensorflow lowest-torch; do
   env="${run%%-*}" backend="${run#*-}"
   if ! has "$ENVS" "$env" || ! has "$BACKENDS" "$backend"; then continue; fi
   # shellcheck disable=SC2086

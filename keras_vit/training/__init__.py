@@ -2,6 +2,7 @@
 fault-tolerant checkpoints. See `docs/training.md`."""
 
 from keras_vit.training.callbacks import BackupAndResume
+from keras_vit.training.callbacks import CheckpointWriteError
 from keras_vit.training.losses import (
     SIGMOID_HEAD_BIAS_INIT,
     SigmoidCrossEntropy,
@@ -19,6 +20,7 @@ from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 __all__ = [
     "AccumulationSchedule",
     "BackupAndResume",
+    "CheckpointWriteError",
     "DecoupledAdam",
     "MomentumSGD",
     "SIGMOID_HEAD_BIAS_INIT",

@@ -1,5 +1,6 @@
 """Fault-tolerant training: resume a killed `fit` at the step it reached."""
 
+import errno
 import json
 import math
 import os
@@ -28,6 +29,11 @@ _FIELDS = {
 # Fields a checkpoint of an older keras_vit may lack: `backend` (the Keras
 # backend that wrote it) was added without a format change.
 _OPTIONAL_FIELDS = {"backend": str}
+
+
+class CheckpointWriteError(OSError):
+    """`BackupAndResume` could not write a checkpoint (e.g. the disk is
+    full); the last good one is kept, and the message names it."""
 
 
 class BackupAndResume(keras.callbacks.Callback):
@@ -166,8 +172,31 @@ class BackupAndResume(keras.callbacks.Callback):
                 model.save_weights(os.path.join(scratch, "discarded.weights.h5"))
             self._last_saved = {"step": step}
             return
-        os.makedirs(self.backup_dir, exist_ok=True)
         weights = f"step-{step:012d}.weights.h5"
+        try:
+            metadata = self._write(model, step, weights)
+        except (OSError, RuntimeError) as error:  # h5py reports a full disk as either
+            for name in (f".tmp-{weights}", f".tmp-{_POINTER}"):
+                _remove(os.path.join(self.backup_dir, name))
+            kept = (self._last_saved or {}).get("weights")
+            if kept != weights:  # written, but the pointer still names the old one
+                _remove(os.path.join(self.backup_dir, weights))
+            full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
+            reason = "the disk is full" if full else f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            raise CheckpointWriteError(
+                f"Writing the checkpoint of step {step} in {self.backup_dir} failed: {reason}. "
+                f"The last good checkpoint is kept ({kept or 'none was written yet'}); free space and "
+                f"run the same command again to resume from it. Received: backup_dir={self.backup_dir!r}"
+            ) from None
+        for name in os.listdir(self.backup_dir):  # older ones, and orphans of a kill
+            if _WEIGHTS_NAME.match(name) and name != weights:
+                _remove(os.path.join(self.backup_dir, name))
+        self._last_saved = metadata
+
+    def _write(self, model, step, weights):
+        """Writes the weights file, then replaces the pointer; returns the
+        pointer's metadata."""
+        os.makedirs(self.backup_dir, exist_ok=True)
         path = os.path.join(self.backup_dir, weights)
         temporary = os.path.join(self.backup_dir, f".tmp-{weights}")
         model.save_weights(temporary, overwrite=True)
@@ -190,10 +219,7 @@ class BackupAndResume(keras.callbacks.Callback):
         with open(temporary, "w", encoding="utf-8") as f:
             json.dump(metadata, f)
         os.replace(temporary, self._pointer_path)
-        for name in os.listdir(self.backup_dir):  # older ones, and orphans of a kill
-            if _WEIGHTS_NAME.match(name) and name != weights:
-                _remove(os.path.join(self.backup_dir, name))
-        self._last_saved = metadata
+        return metadata
 
     # --- Restore and skip -------------------------------------------------
 

@@ -562,6 +562,28 @@ def test_overwrite_deletes_only_what_recipes_wrote_and_damaged_records_are_one_l
     assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json", "notes.txt"]
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: ENOSPC)")
+def test_a_full_disk_is_one_error_line_and_the_run_resumes(tmp_path):
+    """Issue 21, in a real process: the checkpoint of update 4 goes to
+    /dev/full (a disk that is always full); update 2's is kept, and the
+    same command finishes the run once there is space."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "recipes.finetune", "--smoke", f"--run_dir={run_dir}", "--verbose=0"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / rundir.MARKER).touch()  # a run directory of the recipe's
+    (run_dir / "checkpoints" / ".tmp-step-000000000004.weights.h5").symlink_to("/dev/full")
+    full = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # Exit status 2 (not a segfault), the message last, no traceback (the
+    # smoke run's stand-in tfds data logs its own warnings first).
+    assert full.returncode == 2, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr and full.stderr.splitlines()[-1].startswith(
+        f"error: Writing the checkpoint of step 4 in {run_dir / 'checkpoints'} failed: the disk is full. "
+        "The last good checkpoint is kept (step-000000000002.weights.h5)"), full.stderr
+    summary = finetune.main([*command[3:]])
+    assert summary["steps"] == 4 and summary["resumed_from_step"] == 2
+
+
 def _live_run():
     """A fine-tuning run that stays alive in its first epoch, holding its
     run directory, until the test kills it."""

@@ -416,6 +416,27 @@ def test_weights_file_of_another_step_or_damaged_is_refused(small_checkpoint, tm
         assert _lock_is_free(directory)
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: ENOSPC)")
+def test_a_full_disk_stops_with_one_message_and_keeps_the_last_checkpoint(tmp_path):
+    """Issue 21: a full disk gave 85 h5py tracebacks, then a segfault. The
+    step-3 file is written to /dev/full (a disk that is always full)."""
+    directory = tmp_path / "backup"
+    directory.mkdir()
+    (directory / ".tmp-step-000000000003.weights.h5").symlink_to("/dev/full")
+    with pytest.raises(training.CheckpointWriteError) as error:
+        _small_fit(_small_model(), directory)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith(f"Writing the checkpoint of step 3 in {directory} failed: the disk is full. "
+                               "The last good checkpoint is kept (step-000000000002.weights.h5)")
+    assert sorted(os.listdir(directory)) == ["backup.lock", "checkpoint.json", "step-000000000002.weights.h5"]
+    # Space again: the same command resumes from step 2 and ends at step 4.
+    model = _small_model()
+    backup = _small_fit(model, directory)
+    assert backup.resumed_from["step"] == 2
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+
+
 def _other_backend_checkpoint(small_checkpoint, tmp_path, backend):
     """The small checkpoint as the `backend` backend writes it (None: as a
     keras_vit that did not record the backend wrote it on this one)."""
