@@ -39,11 +39,15 @@ def _download(refresh=False):
     """The catalogue, downloaded once through the checkpoints' mirror
     (KERAS_VIT_WEIGHTS_URL) and verified cache (KERAS_VIT_CACHE_DIR): a file
     that does not parse as the index (an error page, a partial download)
-    never enters the cache. Parsed once, as the cache's validator."""
+    never enters the cache, nor one whose length the server does not state.
+    Parsed once, as the cache's validator."""
     from keras_vit.weights import cache
 
     parsed = []
-    cache.fetch(BUCKET_PATH, validate=lambda path: parsed.append(read_index(path)), refresh=refresh)
+    # Plain CSV: a download cut at a line boundary parses as a shorter index,
+    # so the server must state its length (`needs_length`).
+    cache.fetch(BUCKET_PATH, validate=lambda path: parsed.append(read_index(path)), refresh=refresh,
+                needs_length=True)
     return parsed[-1]
 
 

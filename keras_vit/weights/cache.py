@@ -20,6 +20,11 @@ What the cache trusts, and why:
   recorded after its first verified download and checked on every later use
   (trust on first use): a cached file that changed, or that fails its
   validator, is reported, deleted and downloaded again, once.
+- A file with no structure that would show a cut-off end (the AugReg
+  `index.csv`, plain CSV: `needs_length=True`) is cached only when the
+  server states its length (`Content-Length` of a HEAD request) and the
+  download has that many bytes: a transfer that ends early without one,
+  cut at a line boundary, would otherwise look whole.
 - `refresh=True` replaces a cached file only once the new download passed
   its validator: a failed refresh raises and keeps the old file.
 - The temporary directory of a download killed mid-way
@@ -64,7 +69,7 @@ def cache_dir():
     return os.path.join(os.path.expanduser(base), CACHE_SUBDIR)
 
 
-def fetch(bucket_path, validate=None, origin=None, refresh=False):
+def fetch(bucket_path, validate=None, origin=None, refresh=False, needs_length=False):
     """Returns the local path of `bucket_path` in the vit_models bucket.
 
     Downloads it once (from `registry.url(bucket_path)`, which honours
@@ -86,6 +91,9 @@ def fetch(bucket_path, validate=None, origin=None, refresh=False):
             that change upstream, such as the AugReg index). The cached copy
             is replaced only by a download that passed `validate`; when the
             download fails, the error is raised and the old copy stays.
+        needs_length: the file's format cannot show that a download is
+            complete: cache it only when the server states its length and
+            the download has it.
 
     Returns:
         The path of the cached file.
@@ -109,7 +117,7 @@ def fetch(bucket_path, validate=None, origin=None, refresh=False):
                 for stale in (path, _record_path(path)):
                     with contextlib.suppress(FileNotFoundError):
                         os.remove(stale)
-        _download(origin, directory, name, validate)
+        _download(origin, directory, name, validate, needs_length)
     return path
 
 
@@ -196,7 +204,29 @@ def _validate(path, validate, what):
         raise InvalidFileError(f"{what}: {e}") from e
 
 
-def _download(origin, directory, name, validate):
+def _declared_length(origin):
+    """The length the server states for `origin` (a HEAD request), or None."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(origin, method="HEAD"), timeout=60) as response:
+            length = response.headers.get("Content-Length")
+    except urllib.error.HTTPError as error:
+        if error.code in (405, 501):  # HEAD not supported: no length stated
+            return None
+        raise
+    return int(length) if length is not None and length.strip().isdigit() else None
+
+
+def _download(origin, directory, name, validate, needs_length=False):
+    expected = _declared_length(origin) if needs_length else None
+    if needs_length and expected is None:
+        raise InvalidFileError(
+            f"The server of {origin} states no length for it (no Content-Length): a download cut "
+            "short could not be told from the whole file, which has no structure that would show "
+            "it. Nothing was cached. Download it yourself and pass its path instead."
+        )
     partial = tempfile.mkdtemp(prefix=f".{name}.partial-", dir=directory)
     try:
         # Into a fresh directory of ours, so `get_file` neither reuses nor
@@ -204,6 +234,11 @@ def _download(origin, directory, name, validate):
         fresh = keras.utils.get_file(
             fname=name, origin=origin, cache_dir=partial, cache_subdir=""
         )
+        if expected is not None and os.path.getsize(fresh) != expected:
+            raise InvalidFileError(
+                f"The file downloaded from {origin} has {os.path.getsize(fresh):,} bytes, the server "
+                f"stated {expected:,}: the download was cut short. Nothing was cached."
+            )
         try:
             _validate(fresh, validate, f"The file downloaded from {origin} is invalid")
         except InvalidFileError as e:

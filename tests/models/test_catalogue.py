@@ -11,6 +11,7 @@ from keras_vit import variants
 from keras_vit.weights import augreg as augreg_lib
 from keras_vit.weights import registry
 from tests.helpers import randomize_weights
+from tests.weights.test_weights import bucket  # noqa: F401 - the fixture: a loopback server with faults
 
 # --- list_models / available_weights ------------------------------------------
 
@@ -126,6 +127,22 @@ def test_index_is_downloaded_cached_and_parsed(index, local_bucket, tmp_path):
     assert len(keras_vit.weights.augreg_index()) == len(ROWS)
     with pytest.raises(Exception, match="URL fetch failure|404"):
         keras_vit.weights.augreg_index(refresh=True)
+
+
+@pytest.mark.one_backend
+def test_an_index_cut_at_a_line_boundary_never_enters_the_cache(bucket, tmp_path):
+    """Issue 21: cut after a whole line and sent without a length, half the
+    index parsed, was cached and trusted."""
+    bucket.files["augreg/index.csv"] = write_index(tmp_path / "index.csv", ROWS).read_bytes()
+    cached = tmp_path / "cache" / "models" / "keras_vit" / "augreg__index.csv"
+    for fault, match in (("lines_no_length", "states no length for it"),
+                         ("lines", "bytes, the server stated .*: the download was cut short")):
+        bucket.faults["augreg/index.csv"] = fault
+        with pytest.raises(ValueError, match=match):
+            keras_vit.weights.augreg_index()
+        assert not cached.exists()
+    del bucket.faults["augreg/index.csv"]
+    assert len(keras_vit.weights.augreg_index()) == len(ROWS) and cached.exists()
 
 
 @pytest.mark.one_backend

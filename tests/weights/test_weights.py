@@ -630,8 +630,9 @@ def test_registry_refuses_mismatches_before_download():
 
 class Bucket:
     """Files served over HTTP on the loopback interface, with a server's
-    faults: a connection closed early without `Content-Length`, an HTML error
-    page with status 200, a slow transfer. Records every request."""
+    faults: a connection closed early without `Content-Length` (half-way, or
+    at a line boundary, with or without the length on HEAD), an HTML error
+    page with status 200, a slow transfer. Records every GET request."""
 
     def __init__(self):
         self.files, self.faults, self.requests = {}, {}, []
@@ -655,11 +656,25 @@ class Bucket:
                     self.end_headers()
                     self.wfile.write(data[: len(data) // 2])
                     return
+                if fault in ("lines", "lines_no_length"):  # No length, closed after a whole line.
+                    self.end_headers()
+                    self.wfile.write(data[: data.index(b"\n", len(data) // 2) + 1])
+                    return
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 for i in range(0, len(data), 4096):
                     self.wfile.write(data[i : i + 4096])
                     time.sleep(bucket.chunk_delay)
+
+            def do_HEAD(self):
+                data = bucket.files.get(urllib.parse.unquote(self.path.lstrip("/")))
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                if bucket.faults.get(urllib.parse.unquote(self.path.lstrip("/"))) != "lines_no_length":
+                    self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
 
             def log_message(self, *args):
                 pass
