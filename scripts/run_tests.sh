@@ -105,16 +105,12 @@ trap 'rm -rf "$logs"' EXIT
 run_one() {  # run_one "name|venv|backend|markers|tests" [pytest args...]
   local name venv backend markers tests
   IFS='|' read -r name venv backend markers tests <<< "$1"; shift
-  # Full-size models (marker `large`, one forward pass each) in the newest
-  # versions' runs: the lowest run checks the same code on tiny models.
-  local large=--large
-  if [ "${name%%-*}" = lowest ]; then large=""; fi
   # The checkout itself is imported (PYTHONPATH), not installed, so that
   # the lowest and py312 environments hold nothing but their pins. Each run
   # shares JAX compilations with its own subprocesses.
   # shellcheck disable=SC2086
   KERAS_BACKEND="$backend" PYTHONPATH="$PWD" JAX_COMPILATION_CACHE_DIR="$PWD/$venv/jax_cache" \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider $large --durations=10 \
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider --large --durations=10 \
     ${markers:+-m "$markers"} $tests "$@"
 }
 
