@@ -119,7 +119,13 @@ def claim(run_dir, overwrite=False):
             f"--run_dir. Received: run_dir={run_dir!r}"
         )
     marker = os.path.join(run_dir, MARKER)
-    holder = locks.acquire(marker)
+    try:
+        holder = locks.acquire(marker)
+    except OSError as error:  # a read-only place, a full disk, no permission
+        raise RecipeError(
+            f"the run directory {run_dir} cannot be written ({error.strerror or error}). Pass a "
+            f"--run_dir you can write to. Received: run_dir={run_dir!r}"
+        ) from None
     live = [f"{holder}, {marker}"] if holder is not None else _live_holders(run_dir)
     if live:
         locks.release(marker)

@@ -5,9 +5,11 @@ lock their run directory for the whole run. The lock is `flock` on a file:
 the OS releases it when the process ends, even by SIGKILL, so a killed run
 leaves no stale lock. The file holds its holder (`pid N on HOST`) for the
 error message of the process that is refused. Where `fcntl` is missing
-(Windows) there is no lock.
+(Windows), or the file system has no `flock` (some network and FUSE
+mounts), there is no lock.
 """
 
+import errno
 import os
 import socket
 
@@ -34,7 +36,12 @@ def acquire(path):
     handle = open(path, "a+", encoding="utf-8")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except OSError as error:
+        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            # A file system without `flock` (some network and FUSE mounts):
+            # no lock, as where `fcntl` is missing.
+            handle.close()
+            return None
         handle.seek(0)
         holder = handle.read().strip() or "unknown"
         handle.close()
@@ -67,10 +74,14 @@ def holder(path):
         handle = open(path, encoding="utf-8")
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
+    except PermissionError:  # another user's: it cannot be told free
+        return f"unknown (cannot read {path})"
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                return None  # no `flock` on this file system
             return handle.read().strip() or "unknown"
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None

@@ -544,6 +544,9 @@ def test_a_folder_no_recipe_wrote_is_refused_and_untouched(tmp_path, capsys):
     path.write_text("x")
     assert f"the run directory {path} is a file" in _error(vtab.main, ["--smoke", f"--run_dir={path}"], capsys)
     assert path.read_text() == "x"
+    # A place nobody may write (under a file: no permission bits to rely on as root).
+    assert f"the run directory {path / 'run'} cannot be written" in _error(
+        finetune.main, ["--smoke", f"--run_dir={path / 'run'}"], capsys)
 
 
 @pytest.mark.one_backend

@@ -538,6 +538,23 @@ def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path)
     _small_fit(_small_model(), directory)
 
 
+def test_locks_on_a_file_system_without_flock(tmp_path, monkeypatch):
+    """Some network and FUSE mounts answer `flock` with ENOLCK: no lock
+    there (as on Windows), not "another run holds it" for every run."""
+    import errno
+    import fcntl
+
+    from keras_vit.training import locks
+
+    def no_flock(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    path = str(tmp_path / "run.lock")
+    assert locks.acquire(path) is None and locks.holder(path) is None
+    _small_fit(_small_model(), tmp_path / "backup")  # BackupAndResume trains there
+
+
 def test_resume_restores_the_random_state(tmp_path):
     """In process: a run resumed from the checkpoint its uninterrupted twin
     wrote after epoch 0 (an epoch boundary, unlike the SIGKILL test) draws
