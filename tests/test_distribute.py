@@ -272,6 +272,8 @@ def _jax_child():
     setup = distribute.get_distribution("data_parallel", multi_host=True)
     report["processes"] = jax.process_count()
     report["replicas"] = setup.num_replicas
+    # The reference of the two-process test: this one process, 8 devices.
+    report["hosts_reference"] = _hosts_fit(setup)
     weights, x, y = _tiny_setup()
     xa, ya = x[:32], y[:32]
     x, y = x[:16], y[:16]  # one step per epoch: three steps
@@ -326,8 +328,13 @@ def _jax_child():
     print(json.dumps(report))
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on JAX only")
-def test_jax_data_and_model_parallel_on_8_cpu_devices():
+@pytest.fixture(scope="module")
+def jax_child(tmp_path_factory):
+    """`_jax_child`'s report; its weights after `_hosts_fit` are in
+    `reference.npz` of the returned directory."""
+    if BACKEND != "jax":
+        pytest.skip("keras.distribution runs on JAX only")
+    directory = tmp_path_factory.mktemp("jax_child")
     report = run_child(
         "_jax_child",
         {
@@ -336,8 +343,14 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices():
             "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{_free_ports(1)[0]}",
             "KERAS_DISTRIBUTION_NUM_PROCESSES": "1",
             "KERAS_DISTRIBUTION_PROCESS_ID": "0",
+            "KERAS_VIT_TEST_OUT": str(directory / "reference.npz"),
         },
     )
+    return report, directory
+
+
+def test_jax_data_and_model_parallel_on_8_cpu_devices(jax_child):
+    report = jax_child[0]
     assert report["processes"] == 1 and report["replicas"] == 8
     assert report["data_axes"] == ["batch", None, None, None]
     single = np.array(report["single"])
@@ -467,7 +480,7 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
 
 
 # --------------------------------------------------------------------------
-# JAX: 2 real processes x 2 CPU devices == 1 process x 4 devices
+# JAX: 2 real processes x 2 CPU devices == 1 process x 8 devices
 # --------------------------------------------------------------------------
 
 
@@ -484,17 +497,16 @@ def _free_ports(count):
         return [sock.getsockname()[1] for sock in sockets]
 
 
-def _jax_hosts_child():
-    """One host of a multi-process run (or the single-process reference):
-    the paper's fine-tuning optimizer (bf16 momentum, clip 1.0, warmup +
-    cosine, 2 accumulated micro-batches), 6 micro-batches of 8 rows
-    (global), from a `tf.data` pipeline of global batches that Keras shards
-    per host: each process reads only its half of every batch."""
+def _hosts_fit(setup):
+    """The run compared across host layouts: the paper's fine-tuning
+    optimizer (bf16 momentum, clip 1.0, warmup + cosine, 2 accumulated
+    micro-batches), 6 micro-batches of 8 rows (global), from a `tf.data`
+    pipeline of global batches that Keras shards per host: each process
+    reads only its share of every batch. Process 0 saves the weights to
+    $KERAS_VIT_TEST_OUT."""
     import jax
     import tensorflow as tf
 
-    setup = distribute.get_distribution("data_parallel", multi_host=True)
-    index = jax.process_index()
     weights, x, y = _tiny_setup()
     dataset = tf.data.Dataset.from_tensor_slices((x[:48], y[:48])).batch(8)
     with setup.scope():
@@ -508,7 +520,9 @@ def _jax_hosts_child():
         )
         history = model.fit(dataset, epochs=1, verbose=0)
         host_batch = next(iter(setup.distribution.distribute_dataset(dataset)))[0].shape[0]
-    report = {
+    if jax.process_index() == 0:
+        np.savez(os.environ["KERAS_VIT_TEST_OUT"], *model.get_weights())
+    return {
         "processes": jax.process_count(),
         "devices": jax.device_count(),
         "local_devices": jax.local_device_count(),
@@ -516,21 +530,25 @@ def _jax_hosts_child():
         "host_batch": int(host_batch),
         "loss": float(history.history["loss"][0]),
     }
-    if index == 0:
-        np.savez(os.environ["KERAS_VIT_TEST_OUT"], *model.get_weights())
-    print(json.dumps(report))
+
+
+def _jax_hosts_child():
+    """One host of a multi-process run."""
+    print(json.dumps(_hosts_fit(distribute.get_distribution("data_parallel", multi_host=True))))
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution multi-host runs on JAX")
-def test_jax_two_processes_equal_one_process(tmp_path):
-    def launch(processes, index, devices, port, out):
+def test_jax_two_processes_equal_one_process(jax_child, tmp_path):
+    port = _free_ports(1)[0]
+
+    def launch(index):
         env = child_env(
             KERAS_BACKEND="jax",
-            XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
+            XLA_FLAGS="--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0",
             KERAS_DISTRIBUTION_JOB_ADDRESSES=f"localhost:{port}",
-            KERAS_DISTRIBUTION_NUM_PROCESSES=str(processes),
+            KERAS_DISTRIBUTION_NUM_PROCESSES="2",
             KERAS_DISTRIBUTION_PROCESS_ID=str(index),
-            KERAS_VIT_TEST_OUT=str(out),
+            KERAS_VIT_TEST_OUT=str(tmp_path / "hosts.npz"),
         )
         code = "from tests.test_distribute import _jax_hosts_child; _jax_hosts_child()"
         return subprocess.Popen(
@@ -543,19 +561,18 @@ def test_jax_two_processes_equal_one_process(tmp_path):
         assert process.returncode == 0, out[-2000:] + err[-4000:]
         return json.loads(out.strip().splitlines()[-1])
 
-    port, single_port = _free_ports(2)
-    # All three at once: the wall time is the slowest one's.
-    single = launch(1, 0, 4, single_port, tmp_path / "single.npz")
-    hosts = [launch(2, i, 2, port, tmp_path / "hosts.npz") for i in range(2)]
+    # 2 processes x 2 devices against 1 process x 8 devices (the 8-device
+    # test's child: one process fewer to start).
+    hosts = [launch(i) for i in range(2)]
     reports = [finish(p) for p in hosts]
-    single = finish(single)
+    single, directory = dict(jax_child[0]["hosts_reference"]), jax_child[1]
     loss = single.pop("loss")
-    assert single == {"processes": 1, "devices": 4, "local_devices": 4, "updates": 3, "host_batch": 8}
+    assert single == {"processes": 1, "devices": 8, "local_devices": 8, "updates": 3, "host_batch": 8}
     for report in reports:
         assert report.pop("loss") == pytest.approx(loss, rel=1e-5)
         assert report == {"processes": 2, "devices": 4, "local_devices": 2, "updates": 3, "host_batch": 4}
     start = _tiny_setup()[0]
-    with np.load(tmp_path / "hosts.npz") as a, np.load(tmp_path / "single.npz") as b:
+    with np.load(tmp_path / "hosts.npz") as a, np.load(directory / "reference.npz") as b:
         got, want = [a[k] for k in a.files], [b[k] for k in b.files]
     assert max(float(np.max(np.abs(g - w))) for g, w in zip(got, want)) < 1e-5
     assert max(float(np.max(np.abs(w - s))) for w, s in zip(want, start)) > 1e-2
