@@ -23,7 +23,9 @@ from recipes.cli import RecipeError
 from recipes.cli import check_auto_bool
 from recipes.cli import check_choice
 from recipes.configs import CHOICES
+from recipes.rundir import json_default
 from recipes.rundir import read_json
+from recipes.rundir import write_json
 
 # Fields that may change between an interrupted run and its resumption.
 RESUMABLE_CHANGES = frozenset(
@@ -36,29 +38,9 @@ RESUMABLE_CHANGES = frozenset(
 # ---------------------------------------------------------------------------
 
 
-def _json_default(value):
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)
-    return str(value)
-
-
-def write_json(path, value):
-    """Writes JSON atomically (a kill never leaves half a file)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(suffix=".json", dir=directory)
-    with os.fdopen(handle, "w") as f:
-        json.dump(value, f, indent=2, sort_keys=True, default=_json_default)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
-
-
 def jsonable(config):
     """A config (dataclass) as plain JSON values."""
-    return json.loads(json.dumps(config.to_dict(), default=_json_default))
+    return json.loads(json.dumps(config.to_dict(), default=json_default))
 
 
 def record_config(config, recipe, config_name, run_dir):

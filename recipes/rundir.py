@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 
 from recipes.cli import RecipeError
 
@@ -31,6 +32,40 @@ RUN_ENTRIES = frozenset({
 })
 # The lock of `keras_vit.training.BackupAndResume` in a run's checkpoints.
 _BACKUP_LOCK = "backup.lock"
+
+
+def json_default(value):
+    """JSON for what `json` cannot write: arrays and numpy numbers as lists
+    and numbers, sets sorted, anything else as its string."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    return str(value)
+
+
+def write_json(path, value):
+    """Writes JSON atomically (a kill never leaves half a file)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        os.makedirs(directory, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(suffix=".json", dir=directory)
+        with os.fdopen(handle, "w") as f:
+            json.dump(value, f, indent=2, sort_keys=True, default=json_default)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException as error:  # a full disk or an interrupt leaves no temporary behind
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        if isinstance(error, OSError):
+            raise RecipeError(
+                f"cannot write {path}: {error.strerror or error}. What the run wrote before is kept; "
+                "free space (or fix the permissions) and run the same command again to resume."
+            ) from None
+        raise
+    return path
 
 
 def read_json(path):

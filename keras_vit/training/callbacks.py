@@ -693,15 +693,8 @@ def _check_state_sizes(metadata, model, path):
 
 
 def _load_checked_step(model, path, step):
-    """Loads the weights file of a checkpoint unless the optimizer step it
-    holds differs from the one `checkpoint.json` records (a file replaced,
-    e.g. by another run's, would resume at the wrong step and end the run
-    early); the model is left as it was.
-
-    The step is read from the file first: Keras' weights file keeps the
-    optimizer's variables in order under `optimizer/vars/<index>`, and the
-    optimizer reports it as `iterations` (updates, not micro-batches, under
-    gradient accumulation) once assigned."""
+    """Loads the weights file of a checkpoint, checked first by
+    `_check_stored_step`; a damaged file is an error naming it."""
     try:
         _check_stored_step(model, path, step)
         model.load_weights(path)
@@ -714,6 +707,15 @@ def _load_checked_step(model, path, step):
 
 
 def _check_stored_step(model, path, step):
+    """Refuses a weights file whose optimizer step differs from the one
+    `checkpoint.json` records (a file replaced, e.g. by another run's, would
+    resume at the wrong step and end the run early); the model is left as
+    it was.
+
+    Keras' weights file keeps the optimizer's variables in order under
+    `optimizer/vars/<index>`; the stored counter is assigned for a moment so
+    that the optimizer reports it as `iterations` (updates, not
+    micro-batches, under gradient accumulation)."""
     optimizer = model.optimizer
     counter = [i for i, v in enumerate(optimizer.variables) if v.path.endswith("/iteration")] if optimizer else []
     if len(counter) == 1:

@@ -6,9 +6,11 @@ batches, the lr sweep, and a run killed with SIGKILL that the same command
 resumes."""
 
 import csv
+import errno
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -563,6 +565,22 @@ def test_overwrite_deletes_only_what_recipes_wrote_and_damaged_records_are_one_l
     (tmp_path / "run" / "checkpoints").mkdir()
     _error(finetune.main, refused + ["--overwrite"], capsys)
     assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json", "notes.txt"]
+
+
+@pytest.mark.one_backend
+def test_a_record_that_cannot_be_written_is_one_error_and_leaves_no_temporary(tmp_path, monkeypatch):
+    """A full disk as `summary.json` or `result.json` is written: one
+    RecipeError naming the file, the earlier record kept, nothing else left."""
+    path = tmp_path / "summary.json"
+    rundir.write_json(str(path), {"steps": 1})
+
+    def full_disk(source, target):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rundir.os, "replace", full_disk)
+    with pytest.raises(cli.RecipeError, match=f"cannot write {re.escape(str(path))}: No space left on device"):
+        rundir.write_json(str(path), {"steps": 2})
+    assert os.listdir(tmp_path) == ["summary.json"] and rundir.read_json(str(path)) == {"steps": 1}
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: ENOSPC)")
