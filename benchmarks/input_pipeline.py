@@ -3,6 +3,7 @@
     python benchmarks/input_pipeline.py                      # generated JPEGs
     python benchmarks/input_pipeline.py --data /data/train   # a class-folder tree
     python benchmarks/input_pipeline.py --smoke              # seconds
+    python benchmarks/input_pipeline.py --deterministic      # the recipes' --deterministic
 
 The question it answers: can the input keep up with training? It runs each
 training pipeline of `keras_vit.data` (pre-training with the AugReg presets,
@@ -15,7 +16,9 @@ folder. Pass `--train-img-s` (a training throughput from
 `benchmarks/bench.py`) to get the ratio input / training.
 
 Caching is off: every image is read and decoded in every pass, as on a
-dataset that does not fit in memory.
+dataset that does not fit in memory. `--deterministic` measures the same
+pipelines under TensorFlow's op determinism, as the recipes' flag runs
+them (docs/recipes.md): compare with a run without it.
 """
 
 import argparse
@@ -61,9 +64,18 @@ def pipelines(source, image_size, batch_size):
             source, training=True, image_size=image_size, **common),
         "finetune train (resize + random crop, flip)": lambda: data.finetune_pipeline(
             source, training=True, image_size=image_size, augmentation="resize_crop", **common),
+        "finetune train + Keras layers (RandomFlip, MixUp)": lambda: data.finetune_pipeline(
+            source, training=True, image_size=image_size, batch_augmentation=keras_layers(), **common),
         "finetune eval (resize)": lambda: data.finetune_pipeline(
             source, training=False, image_size=image_size, **common),
     }
+
+
+def keras_layers():
+    """What `--batch_augmentation=RandomFlip,MixUp` gives the recipes."""
+    import keras
+
+    return [keras.layers.RandomFlip(dtype="float32"), keras.layers.MixUp(dtype="float32")]
 
 
 def measure(dataset_fn, images, batch_size, repeats):
@@ -92,6 +104,7 @@ def main(argv=None):
     parser.add_argument("--train-img-s", type=float, help="training images/s to compare with")
     parser.add_argument("--json", help="write the rows to this JSON file")
     parser.add_argument("--smoke", action="store_true", help="a few small images, one pass")
+    parser.add_argument("--deterministic", action="store_true", help="under TensorFlow's op determinism")
     args = parser.parse_args(argv)
     if args.smoke:
         args.images, args.image_size, args.batch_size, args.repeats = 16, 32, 4, 1
@@ -101,6 +114,8 @@ def main(argv=None):
     from keras_vit import data
 
     tf.config.set_visible_devices([], "GPU")
+    if args.deterministic:
+        tf.config.experimental.enable_op_determinism()  # process-wide, as in a recipe
     with tempfile.TemporaryDirectory() as scratch:
         folder = args.data
         if folder is None:
@@ -111,7 +126,8 @@ def main(argv=None):
         rows = []
         for name, dataset_fn in pipelines(source, args.image_size, args.batch_size).items():
             rate = measure(dataset_fn, count, args.batch_size, args.repeats)
-            row = {"pipeline": name, "img_s": round(rate, 1), "image_size": args.image_size,
+            row = {"pipeline": name, "img_s": round(rate, 1), "deterministic": args.deterministic,
+                   "image_size": args.image_size,
                    "batch_size": args.batch_size, "cpus": os.cpu_count(), "load": os.getloadavg()[0]}
             if args.train_img_s:
                 row["ratio_to_training"] = round(rate / args.train_img_s, 1)

@@ -12,6 +12,8 @@ import math
 import tensorflow as tf
 
 from keras_vit.data import _checks
+from keras_vit.data.ops import random_seed
+from keras_vit.data.ops import split_seed
 from keras_vit.data.ops import to_uint8
 
 
@@ -119,7 +121,10 @@ def solarize_add(image, addition=0, threshold=128):
 
 def color(image, factor):
     """Saturation: blends the grey-scale version (factor 0) with the image."""
-    grey = tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image))
+    # Tiled by hand: `grayscale_to_rgb` holds an Assert, a stateful op that
+    # would make tf.data run RandAugment one image at a time under op
+    # determinism.
+    grey = tf.tile(tf.image.rgb_to_grayscale(image), [1, 1, 3])
     return _blend(grey, image, factor)
 
 
@@ -192,11 +197,13 @@ def translate_y(image, pixels):
 def cutout(image, half_size, seed=None):
     """Greys out a `2 * half_size` square centred at a uniformly random pixel.
 
-    The square is cut at the image border.
+    The square is cut at the image border. `seed`: see
+    `keras_vit.data.ops.random_seed`.
     """
     shape = tf.shape(image)
-    center_y = tf.random.uniform([], 0, shape[0], tf.int32, seed=seed)
-    center_x = tf.random.uniform([], 0, shape[1], tf.int32, seed=seed)
+    y_seed, x_seed = tf.unstack(split_seed(seed, 2))
+    center_y = tf.random.stateless_uniform([], y_seed, 0, shape[0], tf.int32)
+    center_x = tf.random.stateless_uniform([], x_seed, 0, shape[1], tf.int32)
     rows = tf.range(shape[0])[:, tf.newaxis]
     cols = tf.range(shape[1])[tf.newaxis, :]
     inside = (
@@ -208,32 +215,34 @@ def cutout(image, half_size, seed=None):
     return tf.where(inside[..., tf.newaxis], tf.constant(_FILL_VALUE, image.dtype), image)
 
 
-def _random_sign(value):
+def _random_sign(value, seed):
     """`value` or `-value` with probability 1/2 each."""
-    return tf.where(tf.random.uniform([]) < 0.5, -value, value)
+    return tf.where(tf.random.stateless_uniform([], seed) < 0.5, -value, value)
 
 
 def _randaugment_ops(magnitude):
-    """The 16 RandAugment ops at `magnitude`, in the original's order."""
+    """The 16 RandAugment ops at `magnitude`, in the original's order, as
+    functions of `(image, seed)` (the seed of their random sign or
+    position)."""
     level = magnitude / _MAX_LEVEL
     enhance = level * 1.8 + 0.1
     return [
-        autocontrast,
-        equalize,
-        invert,
-        lambda x: rotate(x, _random_sign(tf.constant(level * 30.0))),
-        lambda x: posterize(x, int(level * 4)),
-        lambda x: solarize(x, int(level * 256)),
-        lambda x: color(x, enhance),
-        lambda x: contrast(x, enhance),
-        lambda x: brightness(x, enhance),
-        lambda x: sharpness(x, enhance),
-        lambda x: shear_x(x, _random_sign(tf.constant(level * 0.3))),
-        lambda x: shear_y(x, _random_sign(tf.constant(level * 0.3))),
-        lambda x: translate_x(x, _random_sign(tf.constant(level * _TRANSLATE_CONST))),
-        lambda x: translate_y(x, _random_sign(tf.constant(level * _TRANSLATE_CONST))),
-        lambda x: cutout(x, int(level * _CUTOUT_CONST)),
-        lambda x: solarize_add(x, int(level * 110)),
+        lambda x, s: autocontrast(x),
+        lambda x, s: equalize(x),
+        lambda x, s: invert(x),
+        lambda x, s: rotate(x, _random_sign(tf.constant(level * 30.0), s)),
+        lambda x, s: posterize(x, int(level * 4)),
+        lambda x, s: solarize(x, int(level * 256)),
+        lambda x, s: color(x, enhance),
+        lambda x, s: contrast(x, enhance),
+        lambda x, s: brightness(x, enhance),
+        lambda x, s: sharpness(x, enhance),
+        lambda x, s: shear_x(x, _random_sign(tf.constant(level * 0.3), s)),
+        lambda x, s: shear_y(x, _random_sign(tf.constant(level * 0.3), s)),
+        lambda x, s: translate_x(x, _random_sign(tf.constant(level * _TRANSLATE_CONST), s)),
+        lambda x, s: translate_y(x, _random_sign(tf.constant(level * _TRANSLATE_CONST), s)),
+        lambda x, s: cutout(x, int(level * _CUTOUT_CONST), s),
+        lambda x, s: solarize_add(x, int(level * 110)),
     ]
 
 
@@ -254,16 +263,20 @@ def _randaugment_layer(magnitude):
     if layer is None:
         ops = _randaugment_ops(magnitude)
 
-        @tf.function(input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)], autograph=False)
-        def layer(image):
-            index = tf.random.uniform([], 0, len(ops), tf.int32)
-            return tf.switch_case(index, [lambda op=op: op(image) for op in ops])
+        @tf.function(
+            input_signature=[tf.TensorSpec([None, None, 3], tf.uint8), tf.TensorSpec([2], tf.int64)],
+            autograph=False,
+        )
+        def layer(image, seed):
+            choice_seed, op_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+            index = tf.random.stateless_uniform([], choice_seed, 0, len(ops), tf.int32)
+            return tf.switch_case(index, [lambda op=op: op(image, op_seed) for op in ops])
 
         _RANDAUGMENT_LAYERS[magnitude] = layer
     return layer
 
 
-def randaugment(image, num_layers=2, magnitude=10):
+def randaugment(image, num_layers=2, magnitude=10, seed=None):
     """RandAugment (Cubuk et al. 2020) as in the AugReg pre-training.
 
     `num_layers` times, one of the 16 ops of `RANDAUGMENT_OPS` is drawn
@@ -276,6 +289,8 @@ def randaugment(image, num_layers=2, magnitude=10):
         image: uint8 `(H, W, 3)` tensor.
         num_layers: int >= 0, the ops applied in sequence.
         magnitude: number >= 0, shared by all ops.
+        seed: the random seed (`keras_vit.data.ops.random_seed`); None
+            draws one.
 
     Returns:
         The augmented uint8 image.
@@ -290,10 +305,12 @@ def randaugment(image, num_layers=2, magnitude=10):
         raise ValueError(
             f"RandAugment works on RGB images (H, W, 3). Received: image.shape={image.shape}"
         )
+    if num_layers == 0:
+        return image
     layer = _randaugment_layer(float(magnitude))
     shape = image.shape
-    for _ in range(num_layers):
-        image = layer(image)
+    for layer_seed in tf.unstack(split_seed(seed, num_layers)):
+        image = layer(image, layer_seed)
         image.set_shape(shape)
     return image
 
@@ -303,7 +320,7 @@ def randaugment(image, num_layers=2, magnitude=10):
 # ---------------------------------------------------------------------------
 
 
-def mixup(images, labels, alpha):
+def mixup(images, labels, alpha, seed=None):
     """Mixup (Zhang et al. 2018) of a batch with itself shifted by one.
 
     As big_vision's default (`fold_in=None`): one mixing weight for the whole
@@ -317,13 +334,14 @@ def mixup(images, labels, alpha):
         images: float `(B, H, W, C)` batch.
         labels: float `(B, num_classes)` one-hot (or soft) labels.
         alpha: float > 0, the Beta concentration.
+        seed: the random seed (`keras_vit.data.ops.random_seed`); None
+            draws one.
 
     Returns:
         `(images, labels)` mixed.
     """
     _checks.number(alpha, "alpha", strict=True)
-    g1 = tf.random.gamma([], alpha)
-    g2 = tf.random.gamma([], alpha)
+    g1, g2 = tf.unstack(tf.random.stateless_gamma([2], random_seed(seed), alpha))
     total = g1 + g2
     # Both draws can underflow to 0 for a tiny alpha; then keep the batch.
     weight = tf.where(total > 0, g1 / tf.where(total > 0, total, 1.0), 1.0)

@@ -31,6 +31,42 @@ INCEPTION_MAX_ATTEMPTS = 100
 
 
 # ---------------------------------------------------------------------------
+# Random seeds.
+# ---------------------------------------------------------------------------
+
+
+def random_seed(seed=None):
+    """A seed of TensorFlow's stateless random ops: an int64 pair.
+
+    Every random op here is stateless: its draw is a function of its seed,
+    so that a pipeline's augmentation is the same on every run whatever
+    order tf.data's parallel `map` runs the examples in (the pipelines key
+    each example's seed by its position in the stream).
+
+    Args:
+        seed: an int, a pair of ints, or a shape-`(2,)` integer tensor; None
+            draws one from TensorFlow's global random generator (repeatable
+            after `keras.utils.set_random_seed` / `tf.random.set_seed`).
+
+    Returns:
+        int64 tensor of shape `(2,)`.
+    """
+    if seed is None:
+        return tf.random.uniform([2], maxval=tf.int64.max, dtype=tf.int64)
+    seed = tf.cast(seed, tf.int64)
+    if seed.shape.rank == 0:
+        seed = tf.stack([seed, tf.constant(0, tf.int64)])
+    if seed.shape != (2,):
+        raise ValueError(f"A random seed is an int or a pair of ints. Received: seed with shape {seed.shape}")
+    return seed
+
+
+def split_seed(seed, num):
+    """`num` independent seeds (a `(num, 2)` tensor) from one `seed`."""
+    return tf.random.experimental.stateless_split(random_seed(seed), num)
+
+
+# ---------------------------------------------------------------------------
 # Decoding, geometry, value range.
 # ---------------------------------------------------------------------------
 
@@ -76,7 +112,7 @@ def inception_crop(
         method: resize method of `tf.image.resize`. Defaults to
             `"bilinear"`.
         antialias: bool. Defaults to False (the original's).
-        seed: optional int for the op-level random seed.
+        seed: the random seed (`random_seed`); None draws one.
 
     Returns:
         float32 `(height, width, C)` when `size` is given (as
@@ -85,10 +121,10 @@ def inception_crop(
     area_range = _checks.value_range(area_range, "area_range", 0.0, 1.0)
     aspect_ratio_range = _checks.value_range(aspect_ratio_range, "aspect_ratio_range", 0.0, math.inf)
     channels = image.shape[-1]
-    begin, crop_size, _ = tf.image.sample_distorted_bounding_box(
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image),
         bounding_boxes=tf.zeros([0, 0, 4], tf.float32),
-        seed=seed,
+        seed=random_seed(seed),
         min_object_covered=0.0,  # The original enforces no minimum area.
         aspect_ratio_range=aspect_ratio_range,
         area_range=area_range,
@@ -137,14 +173,15 @@ def central_crop(image, size):
 
 
 def random_crop(image, size, seed=None):
-    """Crops a `size` window at a uniformly random position."""
+    """Crops a `size` window at a uniformly random position (`seed`: see
+    `random_seed`)."""
     height, width = _checks.size_pair(size)
-    return tf.image.random_crop(image, (height, width, image.shape[-1]), seed=seed)
+    return tf.image.stateless_random_crop(image, (height, width, image.shape[-1]), seed=random_seed(seed))
 
 
 def random_flip(image, seed=None):
-    """Flips left-right with probability 0.5."""
-    return tf.image.random_flip_left_right(image, seed=seed)
+    """Flips left-right with probability 0.5 (`seed`: see `random_seed`)."""
+    return tf.image.stateless_random_flip_left_right(image, seed=random_seed(seed))
 
 
 def to_uint8(image):

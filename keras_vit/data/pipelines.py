@@ -83,6 +83,13 @@ def _batched(
     files in a new random order every epoch: sources in class order (image
     folders) would otherwise give single-class batches whenever the data
     outgrow the shuffle buffer.
+
+    `preprocess(image, seed)` and `batch_fn(images, labels, seed)` get the
+    stateless random seed of the example (the batch) at its position in
+    the stream, derived from `seed` (or one draw of TensorFlow's global
+    generator): the augmentation of a run is the same whatever order the
+    parallel maps run in. (The original draws with stateful ops, which a
+    parallel map makes differ from run to run.)
     """
     n = source.num_examples
     cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
@@ -106,19 +113,26 @@ def _batched(
         if buffer > 1:
             dataset = dataset.shuffle(buffer, seed=seed)
     num_classes = source.num_classes
+    # One key per stream (examples, batches), folded with the position.
+    example_key, batch_key = tf.unstack(ops.split_seed(seed, 2))
 
     # The map functions hold no Python control flow on tensors: no AutoGraph.
     @tf.autograph.experimental.do_not_convert
-    def prepare(example):
-        image = preprocess(source.decode(example["image"]))
+    def prepare(position, example):
+        seed = tf.random.experimental.stateless_fold_in(example_key, position)
+        image = preprocess(source.decode(example["image"]), seed)
         return image, ops.one_hot(example["label"], num_classes)
 
-    dataset = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
+    dataset = dataset.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     # Training batches keep a static size (one compiled step on every backend).
     dataset = dataset.batch(batch_size, drop_remainder=training)
     if batch_fn is not None:
-        batch_fn = tf.autograph.experimental.do_not_convert(batch_fn)
-        dataset = dataset.map(batch_fn, num_parallel_calls=tf.data.AUTOTUNE)
+
+        @tf.autograph.experimental.do_not_convert
+        def prepare_batch(position, batch):
+            return batch_fn(*batch, tf.random.experimental.stateless_fold_in(batch_key, position))
+
+        dataset = dataset.enumerate().map(prepare_batch, num_parallel_calls=tf.data.AUTOTUNE)
     if pad_to_batch:
         dataset = padding.pad_batches(dataset, batch_size)
     return dataset.prefetch(tf.data.AUTOTUNE)
@@ -165,7 +179,9 @@ def pretrain_pipeline(
         cache: `"auto"` (cache encoded examples when at most 150,000), True
             or False. A cached training split is read whole before the first
             batch, then reshuffled whole every epoch.
-        seed: optional int for the shuffle order (files and examples).
+        seed: optional int for the shuffle order (files and examples) and
+            the augmentation's draws; None: TensorFlow's global seed
+            (`keras.utils.set_random_seed`) decides.
         pad_to_batch: bool. Evaluation only: pad the last batch to
             `batch_size` with weight-0 rows and yield `(images, labels,
             weights)` (as `keras_vit.data.padding.pad_batches`): one static
@@ -198,24 +214,25 @@ def pretrain_pipeline(
 
     if training:
 
-        def preprocess(image):
-            image = ops.to_uint8(ops.inception_crop(image, image_size))
-            image = ops.random_flip(image)
+        def preprocess(image, seed):
+            crop_seed, flip_seed, randaugment_seed = tf.unstack(ops.split_seed(seed, 3))
+            image = ops.to_uint8(ops.inception_crop(image, image_size, seed=crop_seed))
+            image = ops.random_flip(image, seed=flip_seed)
             if randaugment is not None:
-                image = augment.randaugment(image, *randaugment)
+                image = augment.randaugment(image, *randaugment, seed=randaugment_seed)
             return ops.normalize(image)
 
     else:
 
-        def preprocess(image):
+        def preprocess(image, seed):
             image = ops.to_uint8(ops.resize_small(image, resize_size))
             return ops.normalize(ops.central_crop(image, image_size))
 
     batch_fn = None
     if training and mixup_alpha > 0:
 
-        def batch_fn(images, labels):
-            return augment.mixup(images, labels, float(mixup_alpha))
+        def batch_fn(images, labels, seed):
+            return augment.mixup(images, labels, float(mixup_alpha), seed=seed)
     return _batched(
         source,
         preprocess,
@@ -275,7 +292,9 @@ def finetune_pipeline(
         repeat: bool. Defaults to `training`.
         cache: `"auto"`, True or False. Defaults to `"auto"` (as
             `pretrain_pipeline`).
-        seed: optional int for the shuffle order (files and examples).
+        seed: optional int for the shuffle order (files and examples) and
+            the augmentation's draws; None: TensorFlow's global seed
+            (`keras.utils.set_random_seed`) decides.
         batch_augmentation: optional Keras preprocessing layer or list of
             them (`keras.layers.RandAugment`, `MixUp`, `CutMix`, ...),
             applied in order to the training batches after the crop/flip
@@ -312,28 +331,29 @@ def finetune_pipeline(
 
     if training:
 
-        def preprocess(image):
+        def preprocess(image, seed):
+            crop_seed, flip_seed = tf.unstack(ops.split_seed(seed, 2))
             if augmentation == "inception_crop":
-                image = ops.inception_crop(image, image_size)
+                image = ops.inception_crop(image, image_size, seed=crop_seed)
             elif augmentation == "resize_crop":
-                image = ops.random_crop(ops.resize(image, resize_size), image_size)
+                image = ops.random_crop(ops.resize(image, resize_size), image_size, seed=crop_seed)
             else:
                 image = ops.resize(image, image_size)
             if flip:
-                image = ops.random_flip(image)
+                image = ops.random_flip(image, seed=flip_seed)
             # With batch augmentation the pixels stay in [0, 255] until the
             # layers have run on the batch.
             return image if layers else ops.normalize(image)
 
         if layers:
 
-            def batch_fn(images, labels):
+            def batch_fn(images, labels, seed):  # Keras layers draw from their own seed generators
                 images, labels = _augment_batch(layers, images, labels)
                 return ops.normalize(images), labels
 
     else:
 
-        def preprocess(image):
+        def preprocess(image, seed):
             return ops.normalize(ops.resize(image, image_size))
 
     try:
