@@ -94,6 +94,7 @@ def pretrain_config(demo, data_dir):
         augmentation="resize_crop", flip=False, shuffle_buffer=2000, cache="true",
         log_every=max(1, demo.pretrain_steps // 10), checkpoint_every=100,
         jit_compile=demo.jit_compile, distribution=demo.distribution, seed=demo.seed,
+        deterministic=demo.deterministic,
         verbose=demo.verbose, run_dir=os.path.join(demo.run_dir, "pretrain"),
     )
 
@@ -110,6 +111,7 @@ def finetune_config(demo, data_dir, weights):
         shuffle_buffer=2000,
         cache="true", log_every=max(1, demo.finetune_steps // 10), checkpoint_every=100,
         jit_compile=demo.jit_compile, distribution=demo.distribution, seed=demo.seed,
+        deterministic=demo.deterministic,
         verbose=demo.verbose, run_dir=os.path.join(demo.run_dir, "finetune"),
     )
 

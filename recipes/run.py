@@ -15,7 +15,6 @@ import contextlib
 import csv
 import json
 import os
-import tempfile
 import time
 
 from recipes import rundir
@@ -30,7 +29,7 @@ from recipes.rundir import write_json
 # Fields that may change between an interrupted run and its resumption.
 RESUMABLE_CHANGES = frozenset(
     ("run_dir", "overwrite", "distribution", "verbose", "data_dir", "download", "manual_dir", "tasks",
-     "jit_compile", "steps_per_execution")
+     "jit_compile", "steps_per_execution", "deterministic")
 )
 
 # ---------------------------------------------------------------------------
@@ -169,6 +168,8 @@ def set_up(config):
 
     from keras_vit import distribute
 
+    if config.deterministic:
+        enable_determinism()
     keras.utils.set_random_seed(config.seed)
     try:
         keras.config.set_dtype_policy(config.dtype_policy)
@@ -178,6 +179,33 @@ def set_up(config):
         return distribute.get_distribution(config.distribution)
     except (ValueError, RuntimeError) as error:
         raise RecipeError(f"--distribution={config.distribution}: {error}") from None
+
+
+def enable_determinism():
+    """`--deterministic`: runs of the same command on the same machine and
+    versions give the same weights, bit for bit, also where the defaults
+    do not (docs/recipes.md).
+
+    The pipelines' own draws are stateless (the same on every run); Keras
+    layers given as `--batch_augmentation` draw from stateful seed
+    generators, which TensorFlow's op determinism makes tf.data call one
+    batch at a time, in order. It also makes TensorFlow's ops (the model's,
+    on the tensorflow backend) pick deterministic GPU kernels; PyTorch's
+    switch does the same for its ops. XLA on CPU and TPU (JAX) is
+    deterministic as it is. A process-wide switch: it stays on.
+    """
+    import keras
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # cuBLAS is deterministic only with a fixed workspace (PyTorch's
+        # "Reproducibility" notes); read when the first CUDA matmul runs.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
 
 
 def environment(setup):

@@ -605,6 +605,28 @@ def test_a_full_disk_is_one_error_line_and_the_run_resumes(tmp_path):
     assert summary["steps"] == 4 and summary["resumed_from_step"] == 2
 
 
+def test_deterministic_runs_end_with_the_same_weights_bit_for_bit(tmp_path):
+    """Issue 21, as users run it: two processes of the same command with
+    `--deterministic` write the same weights, Keras' batch-augmentation
+    layers included (their seed generators are stateful: without the flag
+    tf.data's parallel map calls them in any order, and the weights
+    differed by about 5e-3)."""
+    command = [sys.executable, "-m", "recipes.finetune", "--smoke", "--verbose=0", "--deterministic",
+               "--batch_augmentation=RandomFlip,MixUp"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=ROOT)
+    runs = [subprocess.Popen([*command, f"--run_dir={tmp_path / str(i)}"], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    for run in runs:
+        _, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr[-3000:]
+    first, second = (read_npz(str(tmp_path / str(i) / "model.npz")) for i in range(2))
+    assert first.keys() == second.keys() and len(first) > 4
+    for key in first:
+        np.testing.assert_array_equal(first[key], second[key], err_msg=key)
+    summary = json.loads((tmp_path / "0" / "summary.json").read_text())
+    assert summary["config"]["deterministic"] is True and summary["steps"] == 4
+
+
 def _live_run():
     """A fine-tuning run that stays alive in its first epoch, holding its
     run directory, until the test kills it."""
