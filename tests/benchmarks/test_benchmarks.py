@@ -51,7 +51,7 @@ def test_smoke_run_measures_keras_vit_and_reports():
 @pytest.mark.one_backend
 def test_input_pipeline_smoke_run_covers_every_recipe_pipeline(tmp_path):
     rows = input_pipeline.main(["--smoke", "--train-img-s=2", f"--json={tmp_path / 'rows.json'}"])
-    assert len(rows) == 6 and len({r["pipeline"] for r in rows}) == 6
+    assert len(rows) == 7 and len({r["pipeline"] for r in rows}) == 7
     for row in rows:
         # Both are rounded to 0.1 from the unrounded rate.
         assert row["img_s"] > 0 and abs(row["ratio_to_training"] - row["img_s"] / 2) <= 0.1
