@@ -330,7 +330,7 @@ def _tensorflow_setup(mode, tpu, devices):
     )
 
 
-def _tf_replica_context():
+def tf_replica_context():
     """The TF replica context when gradients are split over >1 replicas.
 
     Used by `keras_vit.training` optimizers to clip the global norm of the

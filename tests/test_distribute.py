@@ -204,7 +204,7 @@ class _NormRecordingSGD(training.MomentumSGD):
             indices = [self._get_variable_index(v) for v in trainable_variables]
         present = [(i, g) for i, g in zip(indices, grads) if g is not None]
         summed = [g for _, g in present]
-        context = distribute._tf_replica_context()
+        context = distribute.tf_replica_context()
         if context is not None:
             summed = context.all_reduce("sum", summed)
         means = [

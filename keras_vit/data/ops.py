@@ -3,8 +3,7 @@
 Every op works on one image, a `(height, width, channels)` tensor (uint8 or
 float32), inside `tf.data.Dataset.map`, whatever `KERAS_BACKEND` is: the
 pipelines run on the host in TensorFlow and hand numpy-convertible batches to
-`model.fit`. RandAugment and mixup are in `keras_vit.data.augment` (still
-reachable here as `ops.randaugment`, `ops.mixup`, ...).
+`model.fit`. RandAugment and mixup are in `keras_vit.data.augment`.
 
 Sources of the numbers:
 - vit_jax `input_pipeline.py` (fine-tuning): inception crop through
@@ -206,20 +205,3 @@ def normalize(image):
 def one_hot(label, num_classes):
     """float32 one-hot vector of an integer label."""
     return tf.one_hot(tf.cast(label, tf.int32), num_classes, dtype=tf.float32)
-
-
-# RandAugment, its 16 ops and mixup moved to `keras_vit.data.augment`; the
-# names stay reachable here (imported on first use: augment imports ops).
-_AUGMENT_NAMES = frozenset({
-    "randaugment", "mixup", "RANDAUGMENT_OPS", "autocontrast", "equalize", "invert",
-    "posterize", "solarize", "solarize_add", "color", "contrast", "brightness", "sharpness",
-    "rotate", "shear_x", "shear_y", "translate_x", "translate_y", "cutout",
-})
-
-
-def __getattr__(name):
-    if name in _AUGMENT_NAMES:
-        from keras_vit.data import augment
-
-        return getattr(augment, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -438,18 +438,3 @@ def _augment_batch(layers, images, labels):
             )
         images, labels = tf.cast(new_images, tf.float32), tf.cast(new_labels, tf.float32)
     return images, labels
-
-
-# The sources moved to `keras_vit.data.sources`; the names stay reachable here.
-_SOURCE_NAMES = frozenset({
-    "DatasetNotAvailableError", "IMAGE_EXTENSIONS", "from_directory", "from_tfds",
-    "tfds_builder", "tfds_reader",
-})
-
-
-def __getattr__(name):
-    if name in _SOURCE_NAMES:
-        from keras_vit.data import sources
-
-        return getattr(sources, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

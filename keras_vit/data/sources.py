@@ -178,7 +178,10 @@ def tfds_reader(builder, split, decoders):
     return read
 
 
-def _split_size(builder, split):
+def split_size(builder, split):
+    """The number of examples of `split` in a tfds builder's info, or None
+    where the info does not say (not prepared, mocked, or a split string
+    tfds cannot size)."""
     try:
         size = builder.info.splits[split].num_examples
     except Exception:  # Not prepared (e.g. mocked) or an unusual split spec.
@@ -253,7 +256,7 @@ def from_tfds(
     return DataSource(
         dataset=dataset.map(select, num_parallel_calls=tf.data.AUTOTUNE),
         num_classes=int(num_classes),
-        num_examples=_split_size(builder, split),
+        num_examples=split_size(builder, split),
         class_names=tuple(features[label_key].names),
         decode=ops.decode_image,
         name=name,

@@ -463,7 +463,7 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
         )
         return {"image": example["image"], "label": label}
 
-    num_examples = SPLIT_SIZES.get(split) or sources._split_size(builder, split_string)
+    num_examples = SPLIT_SIZES.get(split) or sources.split_size(builder, split_string)
     return sources.DataSource(
         dataset=read().map(select, num_parallel_calls=tf.data.AUTOTUNE),
         num_classes=num_classes,

@@ -249,7 +249,7 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
         if not self.accumulation_steps and not self.clip_global_norm:
             return super().apply(grads, trainable_variables)
-        context = distribute._tf_replica_context()
+        context = distribute.tf_replica_context()
         if context is not None:
             present = [i for i, g in enumerate(grads) if g is not None]
             summed = context.all_reduce("sum", [grads[i] for i in present])
