@@ -17,26 +17,18 @@ if tuple(int(part) for part in _re.findall(r"\d+", _keras.__version__)[:2]) < MI
 from keras_vit import distribute, layers, training
 from keras_vit.class_names import decode_predictions
 from keras_vit.finetuning import freeze_backbone, reset_head
-from keras_vit.models import (
-    R26ViTB32,
-    R26ViTS32,
-    R50ViTB16,
-    R50ViTL32,
-    RViTTi16,
-    ViT,
-    ViTB8,
-    ViTB16,
-    ViTB32,
-    ViTH14,
-    ViTL16,
-    ViTL32,
-    ViTS16,
-    ViTS32,
-    ViTTi16,
-    get_model,
-)
+# `ViT`, `get_model` and the constructors (`ViTB16`, `R50ViTB16`, ...), one
+# per row of `keras_vit.variants.CONSTRUCTORS`.
+from keras_vit.models.vit import *  # noqa: E402, F403
+from keras_vit.models.vit import __all__ as _builders  # noqa: E402
 from keras_vit.models.catalog import available_weights, list_models
 from keras_vit.preprocessing import preprocess_input
 from keras_vit.weights import export_npz, load_weights
 
 __version__ = "0.1.0"
+
+__all__ = [
+    *_builders, "available_weights", "decode_predictions", "distribute", "export_npz",
+    "freeze_backbone", "layers", "list_models", "load_weights", "preprocess_input", "reset_head",
+    "training", "weights",
+]

@@ -91,18 +91,25 @@ def augreg_name(config_name):
     return config_name.replace("ViT-", "").replace("+", "_")
 
 
-def _augreg_names():
-    # vit_jax's AUGREG_CONFIGS: the same architectures under short names,
-    # fine-tuned with dropout 0 (vit_jax `configs/augreg.py`).
-    names = {}
-    for name, fields in VARIANTS.items():
-        if name.startswith("testing") or "gap" in name:
-            continue
-        names[augreg_name(name)] = name
-    return names
+def _paper_architecture(config_name):
+    """The architectures of the paper's and AugReg's checkpoints: every
+    variant but the test configs and the GSAM heads (`-gap-norep`)."""
+    return not config_name.startswith("testing") and "gap" not in config_name
 
 
-AUGREG_NAMES = _augreg_names()
+def constructor_name(config_name):
+    """The keras.applications-style function of a config ("ViT-B_16" ->
+    "ViTB16", "R50+ViT-B_16" -> "R50ViTB16", "R+ViT-Ti_16" -> "RViTTi16")."""
+    return re.sub(r"[-_+]", "", config_name)
+
+
+# vit_jax's AUGREG_CONFIGS: the same architectures under short names,
+# fine-tuned with dropout 0 (vit_jax `configs/augreg.py`).
+AUGREG_NAMES = {augreg_name(name): name for name in VARIANTS if _paper_architecture(name)}
+
+# Constructor name -> config name: `keras_vit.ViTB16`, ... (one per paper
+# architecture; `keras_vit.models.vit` makes them).
+CONSTRUCTORS = {constructor_name(name): name for name in VARIANTS if _paper_architecture(name)}
 
 
 def resolve_variant(name):

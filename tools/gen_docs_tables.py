@@ -23,11 +23,7 @@ def variants_table(with_params=True):
         "| classifier | ResNet stages |" + (" params (1000 classes, 224 px) |" if with_params else "")
     )
     rows = [header, "|" + "---|" * (header.count("|") - 1)]
-    constructors = {
-        fn.__doc__.split("Builds ")[1].split(" ")[0]: fn.__name__
-        for fn in vars(keras_vit).values()
-        if callable(fn) and (fn.__doc__ or "").startswith("Builds ")
-    }
+    constructors = {config: function for function, config in variants.CONSTRUCTORS.items()}
     for name, f in variants.VARIANTS.items():
         resnet = "–" if f["resnet"] is None else (str(tuple(f["resnet"])) if f["resnet"] else "root only")
         row = (

@@ -6,21 +6,8 @@
 from keras_vit import variants
 from keras_vit.anatomy import ModelAnatomy, anatomy
 
-from keras_vit.models.vit import (
-    R26ViTB32,
-    R26ViTS32,
-    R50ViTB16,
-    R50ViTL32,
-    RViTTi16,
-    ViT,
-    ViTB8,
-    ViTB16,
-    ViTB32,
-    ViTH14,
-    ViTL16,
-    ViTL32,
-    ViTS16,
-    ViTS32,
-    ViTTi16,
-    get_model,
-)
+# `ViT`, `get_model` and one constructor per row of `variants.CONSTRUCTORS`.
+from keras_vit.models.vit import *  # noqa: F403
+from keras_vit.models.vit import __all__ as _builders
+
+__all__ = ["ModelAnatomy", "anatomy", "variants", *_builders]

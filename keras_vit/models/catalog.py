@@ -4,7 +4,6 @@ import collections
 import fnmatch
 
 from keras_vit import variants
-from keras_vit.models.vit import CONSTRUCTORS
 from keras_vit.weights import registry
 
 ModelInfo = collections.namedtuple("ModelInfo", ["name", "constructor", "augreg_name", "weights"])
@@ -21,8 +20,8 @@ Fields:
 
 
 def _config_name(name):
-    if isinstance(name, str) and name in CONSTRUCTORS:
-        return CONSTRUCTORS[name]
+    if isinstance(name, str) and name in variants.CONSTRUCTORS:
+        return variants.CONSTRUCTORS[name]
     return variants.resolve_variant(name)[0]
 
 
@@ -55,7 +54,7 @@ def list_models(pattern=None):
     """
     if pattern is not None and not isinstance(pattern, str):
         raise ValueError(f"`pattern` must be None or a string. Received: pattern={pattern!r}")
-    constructors = {config: function for function, config in CONSTRUCTORS.items()}
+    constructors = {config: function for function, config in variants.CONSTRUCTORS.items()}
     augreg = {config: short for short, config in variants.AUGREG_NAMES.items()}
     found = []
     for name in variants.VARIANTS:

@@ -318,10 +318,6 @@ model = keras_vit.{function}(num_classes=10, input_shape=(384, 384, 3),
 """
 
 
-# Constructor name -> original config name (for `keras_vit.list_models`).
-CONSTRUCTORS = {}
-
-
 def _make_constructor(config_name, function_name):
     def constructor(
         include_top=True,
@@ -360,28 +356,18 @@ def _make_constructor(config_name, function_name):
             f"{resnet_lib.stem_stride(fields['resnet'])}), {size}"
         )
     constructor.__name__ = constructor.__qualname__ = function_name
-    CONSTRUCTORS[function_name] = config_name
     constructor.__doc__ = _CONSTRUCTOR_DOC.format(
         config=config_name, function=function_name, size=size
     )
     return constructor
 
 
-ViTTi16 = _make_constructor("ViT-Ti_16", "ViTTi16")
-ViTS16 = _make_constructor("ViT-S_16", "ViTS16")
-ViTS32 = _make_constructor("ViT-S_32", "ViTS32")
-ViTB8 = _make_constructor("ViT-B_8", "ViTB8")
-ViTB16 = _make_constructor("ViT-B_16", "ViTB16")
-ViTB32 = _make_constructor("ViT-B_32", "ViTB32")
-ViTL16 = _make_constructor("ViT-L_16", "ViTL16")
-ViTL32 = _make_constructor("ViT-L_32", "ViTL32")
-ViTH14 = _make_constructor("ViT-H_14", "ViTH14")
-# Hybrids: the same ViT behind a ResNet stem.
-RViTTi16 = _make_constructor("R+ViT-Ti_16", "RViTTi16")
-R26ViTS32 = _make_constructor("R26+ViT-S_32", "R26ViTS32")
-R26ViTB32 = _make_constructor("R26+ViT-B_32", "R26ViTB32")
-R50ViTB16 = _make_constructor("R50+ViT-B_16", "R50ViTB16")
-R50ViTL32 = _make_constructor("R50+ViT-L_32", "R50ViTL32")
+# `keras_vit.ViTB16`, ...: one function per row of `variants.CONSTRUCTORS`.
+for _function_name, _config_name in variants.CONSTRUCTORS.items():
+    globals()[_function_name] = _make_constructor(_config_name, _function_name)
+del _function_name, _config_name
+
+__all__ = ["ViT", "get_model", *variants.CONSTRUCTORS]
 
 
 def get_model(variant, /, **kwargs):

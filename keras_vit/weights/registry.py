@@ -61,8 +61,11 @@ SAM = {name: f"sam/{name}.npz" for name in ("ViT-S_16", "ViT-B_16", "ViT-B_32", 
 # AugReg file names (vit_jax `checkpoint.py`): upstream
 # `{model}-{ds}-{epochs}ep-lr_..-aug_..-wd_..-do_..-sd_..`, optionally followed
 # by `--{dataset}-steps_{n}k-lr_{lr}-res_{res}` for a fine-tuned file.
+# The models are AugReg's, those of `AUGREG_RECOMMENDED` (longest first:
+# "R_Ti_16" before "Ti_16").
+_AUGREG_MODELS = "|".join(sorted(map(augreg_name, AUGREG_RECOMMENDED), key=len, reverse=True))
 AUGREG_FILE = re.compile(
-    r"^(?P<model>R_Ti_16|R26_S_32|R50_L_32|Ti_16|S_16|S_32|B_8|B_16|B_32|L_16)"
+    rf"^(?P<model>{_AUGREG_MODELS})"
     r"-(i1k|i21k|i21k_30)-\d+ep-lr_[\d.]+-aug_\w+-wd_[\d.]+-do_[\d.]+-sd_[\d.]+"
     r"(--\w+-steps_\d+k-lr_[\d.]+-res_\d+)?$"
 )

@@ -43,6 +43,27 @@ TINY = dict(
 )
 
 
+@pytest.mark.one_backend
+def test_constructors_exports_and_catalogue_derive_from_the_variant_table():
+    """Issue 22: a variant is one row of `keras_vit/variants.py`; the
+    constructors, `__all__`, `list_models` and the AugReg file names follow."""
+    from keras_vit.weights import registry
+
+    assert len(variants.CONSTRUCTORS) == 14 and set(variants.CONSTRUCTORS) <= set(keras_vit.__all__)
+    for function, config in variants.CONSTRUCTORS.items():
+        constructor = getattr(keras_vit, function)
+        assert constructor.__name__ == function and constructor.__doc__.startswith(f"Builds {config} (")
+    listed = {info.name: info.constructor for info in keras_vit.list_models()}
+    constructors = {config: function for function, config in variants.CONSTRUCTORS.items()}
+    assert listed == {name: constructors.get(name) for name in variants.VARIANTS}
+    assert listed["R+ViT-Ti_16"] == "RViTTi16" and listed["ViT-B_16-gap-norep"] is None
+    upstream = "-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0"
+    for config in registry.AUGREG_RECOMMENDED:
+        short = variants.augreg_name(config)
+        assert registry.AUGREG_FILE.match(short + upstream).group("model") == short
+    assert registry.AUGREG_FILE.match("H_14" + upstream) is None  # not in the AugReg release
+
+
 def test_param_table_covers_every_plain_variant():
     plain = {name for name, f in variants.VARIANTS.items() if f.get("resnet") is None}
     assert plain <= set(PARAM_COUNTS)
