@@ -38,33 +38,6 @@ DESCRIPTION = __doc__.split("\n\n")[0]
 SUMMARY_KEYS = ("steps", "final_loss", "images_per_second", "total_wall_time_s", "encoder_npz", "backbone_keras")
 
 
-def synthetic_dataset(batch_size, steps, height, width, seed=0, fresh=True):
-    """A `keras.utils.PyDataset` of `steps` batches of
-    `keras_vit.data.testing.synthetic_images` per epoch: fresh ones every
-    epoch, or (`fresh=False`) the same ones."""
-    import keras
-
-    from keras_vit.data.testing import synthetic_images
-
-    class SyntheticImages(keras.utils.PyDataset):
-        def __init__(self):
-            super().__init__()
-            self.epoch = 0
-
-        def __len__(self):
-            return steps
-
-        def __getitem__(self, index):
-            epoch = self.epoch if fresh else 0
-            step_seed = (seed * 1_000_003 + epoch * steps + index) % 2**32
-            return synthetic_images(batch_size, height, width, seed=step_seed)
-
-        def on_epoch_end(self):
-            self.epoch += 1
-
-    return SyntheticImages()
-
-
 def write_samples(directory, count, height, width, seed):
     """Writes `count` synthetic images as PNG files (for inspection)."""
     import numpy as np
@@ -107,6 +80,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
         from keras_vit import data
         from keras_vit import pretraining
         from keras_vit import training
+        from keras_vit.data import testing
 
         height, width = input_size(config)
         synthetic = config.dataset == "synthetic"
@@ -114,8 +88,8 @@ def run(config, config_name=None, smoke=False, callbacks=()):
             # Fresh images at every step, except in smoke mode: the same 6
             # batches, so that 24 updates show the loss falling.
             def train_data(batch_size):
-                return synthetic_dataset(batch_size, config.log_every * config.accum_steps, height, width,
-                                         config.seed, fresh=not smoke)
+                return testing.SyntheticImages(batch_size, config.log_every * config.accum_steps, height, width,
+                                               config.seed, fresh=not smoke)
 
             header = [*header, f"  data: synthetic colour fields, {height}x{width} px"]
             write_samples(os.path.join(run_dir, "samples"), 8, height, width, config.seed)

@@ -21,7 +21,7 @@ from recipes import rundir
 from recipes.cli import RecipeError
 from recipes.cli import check_auto_bool
 from recipes.cli import check_choice
-from recipes.configs import CHOICES
+from recipes.configs import MOMENT_DTYPES
 from recipes.rundir import json_default
 from recipes.rundir import read_json
 from recipes.rundir import write_json
@@ -82,25 +82,43 @@ def record_config(config, recipe, config_name, run_dir):
 
 def check_fields(config):
     """Every number within its field's interval (`Config.check`), and the
-    fields with a fixed set of values that `config` has (`--decay_type`,
-    `--augmentation`, `--accumulator_dtype`, `--first_moment_dtype`,
-    `--cache`, `--jit_compile`): a bad value is an expected failure naming
-    the flag and the value, before any work."""
+    fields with a fixed set of values that `config` has (`--decay_type` and
+    `--augmentation` from the library's lists, `--accumulator_dtype`,
+    `--first_moment_dtype`, `--cache`, `--jit_compile`): a bad value is an
+    expected failure naming the flag and the value, before any work."""
+    from keras_vit.data.pipelines import FINETUNE_AUGMENTATIONS
+    from keras_vit.training.schedules import DECAY_TYPES
+
     try:
         config.check()
     except ValueError as error:
         raise RecipeError(str(error)) from None
-    for field, choices in CHOICES.items():
+    choices = {
+        "decay_type": DECAY_TYPES,
+        "augmentation": FINETUNE_AUGMENTATIONS,
+        "accumulator_dtype": MOMENT_DTYPES,
+        "first_moment_dtype": MOMENT_DTYPES,
+    }
+    for field, values in choices.items():
         if hasattr(config, field):
-            check_choice(config, field, choices)
+            check_choice(config, field, values)
     for field in ("cache", "jit_compile"):
         if hasattr(config, field):
             check_auto_bool(config, field)
 
 
+def log_interval(log_every, total_steps):
+    """The updates per Keras epoch: `--log_every`, lowered until it divides
+    `total_steps` (Keras epochs have a fixed size)."""
+    interval = min(log_every, total_steps)
+    while total_steps % interval:
+        interval -= 1
+    return interval
+
+
 def check_schedule(config, total_steps=None, warmup_steps=None):
-    """Validates the step settings; returns `(log_every, checkpoint_every)`
-    with log_every dividing total_steps (Keras epochs have a fixed size)."""
+    """Validates the step settings (once per run, before any work; a sweep
+    or VTAB task checks its own steps)."""
     total = config.total_steps if total_steps is None else total_steps
     warmup = config.warmup_steps if warmup_steps is None else warmup_steps
     values = dict(total_steps=total, batch_size=config.batch_size, accum_steps=config.accum_steps,
@@ -117,13 +135,10 @@ def check_schedule(config, total_steps=None, warmup_steps=None):
         )
     if not 0 <= warmup < total:
         raise RecipeError(f"--warmup_steps must be in [0, total_steps={total}). Received: --warmup_steps={warmup}")
-    log_every = min(config.log_every, total)
-    while total % log_every:
-        log_every -= 1
+    log_every = log_interval(config.log_every, total)
     eval_every = getattr(config, "eval_every", 0) or 0
     if eval_every and eval_every % log_every:
         raise RecipeError(f"--eval_every must be a multiple of log_every={log_every}. Received: --eval_every={eval_every}")
-    return log_every, config.checkpoint_every
 
 
 def check_batches(config, setup):
@@ -389,50 +404,6 @@ def hidden_size(config):
 # ---------------------------------------------------------------------------
 
 
-def _weighted_loss_metric(loss):
-    """The loss as a weighted metric named `loss`.
-
-    Evaluation batches are padded with weight-0 rows (`pad_to_batch`); Keras'
-    own loss tracker averages batch losses weighted by the padded batch
-    size, so padding would shrink `val_loss`. This metric averages the
-    per-example loss over the real examples; Keras reports compiled metrics
-    after its loss tracker, so it is the `loss` of the logs (pinned by
-    tests/recipes/test_recipes.py). Training batches are unweighted: the same
-    number as the tracker's.
-    """
-    import keras
-
-    return keras.metrics.MeanMetricWrapper(
-        lambda y_true, y_pred: loss.call(y_true, y_pred), name="loss"
-    )
-
-
-def _example_count():
-    """A metric counting the evaluated examples (weights summed)."""
-    import keras
-
-    class ExampleCount(keras.metrics.Metric):
-        def __init__(self, name="examples", **kwargs):
-            super().__init__(name=name, **kwargs)
-            self.total = self.add_variable(shape=(), initializer="zeros", name="total", dtype="float32")
-
-        def update_state(self, y_true, y_pred, sample_weight=None):
-            ops = keras.ops
-            if sample_weight is None:
-                count = ops.cast(ops.shape(y_true)[0], "float32")
-            else:
-                count = ops.sum(ops.cast(sample_weight, "float32"))
-            self.total.assign_add(count)
-
-        def result(self):
-            return keras.ops.cast(self.total, "float32")
-
-        def reset_state(self):
-            self.total.assign(0.0)
-
-    return ExampleCount()
-
-
 def compile_options(config):
     """`jit_compile` and `steps_per_execution` of `model.compile`, from
     `--jit_compile` (auto, true or false) and `--steps_per_execution`."""
@@ -442,113 +413,18 @@ def compile_options(config):
 def compile_model(model, optimizer, loss, config):
     import keras
 
+    from recipes import reporting
+
     model.compile(
         optimizer=optimizer,
         loss=loss,
         **compile_options(config),
         # Weighted: evaluation batches are padded with weight-0 rows.
         weighted_metrics=[
-            keras.metrics.CategoricalAccuracy(name="accuracy"), _example_count(), _weighted_loss_metric(loss)
+            keras.metrics.CategoricalAccuracy(name="accuracy"), reporting.ExampleCount(),
+            reporting.weighted_loss_metric(loss),
         ],
     )
-
-
-HIDDEN_METRICS = ("examples",)
-
-
-def progress(total_steps, log_every, accum, verbose):
-    """A Keras callback showing training in updates (not micro-batches) and
-    the evaluation under a label; replaces Keras' own progress bars."""
-    import keras
-
-    class Progress(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.bar = None
-            self.eval_label = "evaluation"
-
-        def _shown(self, logs):
-            return [(k, float(v)) for k, v in (logs or {}).items() if k.removeprefix("val_") not in HIDDEN_METRICS]
-
-        def _update(self, bar, step, logs, finalize=None):
-            shown = self._shown(logs)
-            # Keras' logs are running means already: show them as they are.
-            bar.stateful_metrics = set(name for name, _ in shown)
-            bar.update(step, values=shown, finalize=finalize)
-
-        def on_epoch_begin(self, epoch, logs=None):
-            if verbose == 1:
-                first = epoch * log_every
-                print(f"Updates {first + 1}-{first + log_every} of {total_steps}", flush=True)
-                self.bar = keras.utils.Progbar(log_every, unit_name="update")
-
-        def on_train_batch_end(self, batch, logs=None):
-            if self.bar is not None and (batch + 1) % accum == 0:
-                self._update(self.bar, (batch + 1) // accum, logs)
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.bar = None
-            if verbose == 2:
-                text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
-                print(f"update {(epoch + 1) * log_every}/{total_steps}: {text}", flush=True)
-
-        def on_test_begin(self, logs=None):
-            self.test_batches = 0
-            if verbose == 1:
-                print(f"Evaluating on {self.eval_label}", flush=True)
-                self.test_bar = keras.utils.Progbar(None, unit_name="batch")
-
-        def on_test_batch_end(self, batch, logs=None):
-            self.test_batches = batch + 1
-            if verbose == 1:
-                self._update(self.test_bar, self.test_batches, logs)
-
-        def on_test_end(self, logs=None):
-            if verbose == 1:
-                self._update(self.test_bar, self.test_batches, logs, finalize=True)
-            elif verbose == 2:
-                text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
-                print(f"evaluation on {self.eval_label}: {text}", flush=True)
-
-    return Progress()
-
-
-def resumed_message(backup, total):
-    """A Keras callback printing `Resumed from update N of M` once
-    `backup` (a BackupAndResume before it in the list) has loaded."""
-    import keras
-
-    class Resumed(keras.callbacks.Callback):
-        def on_train_begin(self, logs=None):
-            if backup.resumed_from:
-                print(f"Resumed from update {backup.resumed_from['step']} of {total}", flush=True)
-
-    return Resumed()
-
-
-def throughput_timer(skip=2):
-    """A Keras callback timing the training batches after the first `skip`
-    (compilation, warm-up), for the throughput in the summary."""
-    import keras
-
-    class Timer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.batches = 0
-            self.start = None
-            self.timed_batches = 0
-            self.elapsed = 0.0
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.batches += 1
-            now = time.perf_counter()
-            if self.batches == skip:
-                self.start = now
-            elif self.start is not None:
-                self.timed_batches = self.batches - skip
-                self.elapsed = now - self.start
-
-    return Timer()
 
 
 _WARNED = {"tensorboard": False}
@@ -619,12 +495,13 @@ def train_and_evaluate(
     import keras
 
     from keras_vit import training
+    from recipes import reporting
 
     result_path = os.path.join(run_dir, "result.json")
     finished = read_json(result_path)
     if finished is not None:
         return finished
-    log_every, checkpoint_every = check_schedule(config)
+    log_every, checkpoint_every = log_interval(config.log_every, config.total_steps), config.checkpoint_every
     accum = config.accum_steps
     micro_batch = config.batch_size // accum
     total = config.total_steps
@@ -646,12 +523,12 @@ def train_and_evaluate(
                 f"log every {log_every}, checkpoint every {checkpoint_every}",
             ])
         backup = training.BackupAndResume(os.path.join(run_dir, "checkpoints"), save_freq=checkpoint_every * accum)
-        timer = throughput_timer()
-        shown = progress(total, log_every, accum, verbose)
+        timer = reporting.ThroughputTimer()
+        shown = reporting.Progress(total, log_every, accum, verbose)
         shown.eval_label = eval_label
         fit_callbacks = [
             backup,
-            resumed_message(backup, total),
+            reporting.ResumedMessage(backup, total),
             keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
             timer,
             shown,

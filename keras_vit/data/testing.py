@@ -3,7 +3,8 @@
 `mock_tfds()` replaces every tfds dataset by a few generated examples with
 the features keras_vit's sources and VTAB tasks read, so a whole pipeline
 (and the recipes' `--smoke`) runs without any download.
-`synthetic_images()` draws smooth random colour fields (masked patch
+`synthetic_images()` draws smooth random colour fields and
+`SyntheticImages` serves batches of them to `fit` (masked patch
 prediction's `--dataset=synthetic`), `smoke_images()` writes a folder of
 random-pixel PNGs (`recipes.inspect_vit --smoke`).
 """
@@ -13,6 +14,7 @@ import os
 import shutil
 import tempfile
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -103,6 +105,29 @@ def synthetic_images(count, height, width, seed=0, waves=3):
     waves = amplitude * np.cos(2 * np.pi * cycles * (np.cos(angle) * x + np.sin(angle) * y) + phase)
     images = 0.95 * waves.sum(axis=3) / amplitude.sum(axis=3)
     return images.astype(np.float32)
+
+
+class SyntheticImages(keras.utils.PyDataset):
+    """`steps` batches of `synthetic_images(batch_size, height, width)` per
+    epoch: fresh ones every epoch, or (`fresh=False`) the same ones. Each
+    batch's seed follows from `seed`, the epoch and its index."""
+
+    def __init__(self, batch_size, steps, height, width, seed=0, fresh=True):
+        super().__init__()
+        self.batch_size, self.steps, self.height, self.width = batch_size, steps, height, width
+        self.seed, self.fresh = seed, fresh
+        self.epoch = 0
+
+    def __len__(self):
+        return self.steps
+
+    def __getitem__(self, index):
+        epoch = self.epoch if self.fresh else 0
+        step_seed = (self.seed * 1_000_003 + epoch * self.steps + index) % 2**32
+        return synthetic_images(self.batch_size, self.height, self.width, seed=step_seed)
+
+    def on_epoch_end(self):
+        self.epoch += 1
 
 
 def smoke_images(directory, size, count=4, seed=0):

@@ -84,18 +84,10 @@ def named(configs, name):
 Optional = typing.Optional
 Tuple = typing.Tuple
 
-# Fields with a fixed set of values (the library's: `keras_vit.training`
-# schedules, `keras_vit.data` pipelines), checked by every recipe before any
-# work (`recipes.run.check_fields`).
-DECAY_TYPES = ("cosine", "linear")
-AUGMENTATIONS = ("inception_crop", "resize_crop", "resize")
+# The optimizer-state dtypes the recipes offer (the optimizers take any).
+# The decay shapes and augmentations are the library's own lists
+# (`recipes.run.check_fields` reads them there).
 MOMENT_DTYPES = ("bfloat16", "float32")
-CHOICES = {
-    "decay_type": DECAY_TYPES,
-    "augmentation": AUGMENTATIONS,
-    "accumulator_dtype": MOMENT_DTYPES,
-    "first_moment_dtype": MOMENT_DTYPES,
-}
 
 
 @dataclasses.dataclass(eq=True)
@@ -151,7 +143,7 @@ class ScheduleFields(Config):
     total_steps: int = arg(10_000, "optimizer updates", valid="[1, inf)")
     warmup_steps: int = arg(500, "linear warmup", valid="[0, inf)")
     learning_rate: float = arg(0.03, "base learning rate", valid="(0, inf)")
-    decay_type: str = arg("cosine", "cosine or linear")
+    decay_type: str = arg("cosine", "decay after the warmup (keras_vit.training.WarmupDecay's)")
     grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")
     eval_every: int = arg(
         0, "evaluate the test split every this many updates during training (a multiple of "

@@ -2,11 +2,10 @@
 
 import dataclasses
 
+from recipes.configs import SMOKE_MODEL
 from recipes.configs import Config
 from recipes.configs import arg
 from recipes.configs import named
-
-SMOKE_MODEL = dict(hidden_size=16, num_layers=1, num_heads=2, mlp_dim=32, patch_size=4)
 
 
 @dataclasses.dataclass(eq=True)
@@ -54,8 +53,9 @@ DEFAULT = "digits"
 
 
 def smoke_config(config):
-    """`--smoke`: a one-block ViT for 4 + 4 updates (about a minute)."""
-    return config.replace(pretrain_steps=4, finetune_steps=4, model_overrides=dict(SMOKE_MODEL))
+    """`--smoke`: a one-block ViT for 4 + 4 updates (about a minute); patches
+    of 4 as the full demo's, so that fine-tuning resamples a 4x4 grid to 8x8."""
+    return config.replace(pretrain_steps=4, finetune_steps=4, model_overrides=dict(SMOKE_MODEL, patch_size=4))
 
 
 def get_config(name=DEFAULT, smoke=False):

@@ -57,7 +57,7 @@ class PretrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     total_steps: int = arg(0, "optimizer updates; 0: from epochs", valid="[0, inf)")
     warmup_steps: int = arg(10_000, "linear warmup (paper: 10k)", valid="[0, inf)")
     learning_rate: float = arg(3e-3, "base learning rate (Table 3)", valid="(0, inf)")
-    decay_type: str = arg("cosine", "cosine or linear (Table 3)")
+    decay_type: str = arg("cosine", "decay after the warmup (keras_vit.training.WarmupDecay's; Table 3)")
     linear_end: float = arg(1e-5, "final learning rate of the linear decay", valid="[0, inf)")
     weight_decay: float = arg(0.3, "decoupled weight decay times the learning rate, on kernels (Table 3)", valid="[0, inf)")
     first_moment_dtype: str = arg(

@@ -38,7 +38,7 @@ class MppConfig(ModelFields, DataFields, RunFields):
     total_steps: int = arg(1_000_000, "optimizer updates (paper: 1M on JFT)", valid="[1, inf)")
     warmup_steps: int = arg(10_000, "linear warmup", valid="[0, inf)")
     learning_rate: float = arg(2e-4, "base learning rate (paper: 2e-4)", valid="(0, inf)")
-    decay_type: str = arg("cosine", "cosine or linear")
+    decay_type: str = arg("cosine", "decay after the warmup (keras_vit.training.WarmupDecay's)")
     grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")
     weight_decay: float = arg(
         0.1, "decoupled, on kernels; the paper does not give MPP's, 0.1 is its JFT pre-training value", valid="[0, inf)")

@@ -148,15 +148,15 @@ def test_augreg_presets_table():
 
 
 @pytest.mark.one_backend
-def test_configs_are_typed_attributes():
-    from keras_vit.data import pipelines
+def test_configs_are_typed_attributes(monkeypatch):
     from keras_vit.training import schedules
     from recipes import configs
 
-    # The recipes check these values before any work; the library's lists
-    # are the same (the configs import no framework, so they keep a copy).
-    assert configs.DECAY_TYPES == schedules.DECAY_TYPES
-    assert configs.AUGMENTATIONS == pipelines.FINETUNE_AUGMENTATIONS
+    # Issue 22: the choice lists are the library's, never copied: a decay
+    # shape added there is a valid --decay_type at once.
+    assert not hasattr(configs, "DECAY_TYPES") and not hasattr(configs, "AUGMENTATIONS")
+    monkeypatch.setattr(schedules, "DECAY_TYPES", (*schedules.DECAY_TYPES, "rsqrt"))
+    skeleton.check_fields(finetune_configs.get_config(smoke=True).replace(decay_type="rsqrt"))
     config = finetune_configs.get_config("cifar10")
     with pytest.raises(AttributeError, match="learnig_rate"):
         config.learnig_rate = 0.1
