@@ -231,16 +231,13 @@ def test_mixup_one_sorted_weight_shared_by_images_and_labels():
 
 
 @pytest.mark.one_backend
-def test_moved_names_stay_reachable_from_their_old_modules():
-    # RandAugment/mixup moved from ops to augment, the sources from pipelines
-    # to sources (issue 16); the old attribute paths keep working.
+def test_each_name_has_one_home():
+    # Issue 22: no back-compat shims in a 0.1.0 package. RandAugment and
+    # mixup live in `augment`, the sources in `sources` (and keras_vit.data).
     for name in ("randaugment", "mixup", "equalize", "RANDAUGMENT_OPS"):
-        assert getattr(ops, name) is getattr(augment, name)
+        assert hasattr(augment, name) and not hasattr(ops, name)
     for name in ("from_tfds", "from_directory", "tfds_builder", "DatasetNotAvailableError"):
-        assert getattr(pipelines, name) is getattr(sources, name) is getattr(keras_vit.data, name)
-    assert pipelines.DataSource is sources.DataSource is keras_vit.data.DataSource
-    with pytest.raises(AttributeError, match="no attribute 'missing'"):
-        ops.missing
+        assert getattr(sources, name) is getattr(keras_vit.data, name) and not hasattr(pipelines, name)
 
 
 # ---------------------------------------------------------------------------
