@@ -17,6 +17,7 @@ Sources of the numbers:
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 from keras_vit.data import _checks
@@ -52,11 +53,18 @@ def random_seed(seed=None):
     """
     if seed is None:
         return tf.random.uniform([2], maxval=tf.int64.max, dtype=tf.int64)
+    if tf.is_tensor(seed):
+        integer, shape = seed.dtype.is_integer, tuple(seed.shape)
+    else:
+        # Bools, floats and ints beyond int64 (uint64 or object arrays) are refused.
+        values = np.asarray(seed)
+        integer = values.dtype.kind == "i" or (values.dtype.kind == "u" and values.dtype.itemsize < 8)
+        shape = values.shape
+    if not integer or shape not in ((), (2,)):
+        raise ValueError(f"`seed` must be None, an int or a pair of ints. Received: seed={seed!r}")
     seed = tf.cast(seed, tf.int64)
     if seed.shape.rank == 0:
         seed = tf.stack([seed, tf.constant(0, tf.int64)])
-    if seed.shape != (2,):
-        raise ValueError(f"A random seed is an int or a pair of ints. Received: seed with shape {seed.shape}")
     return seed
 
 

@@ -43,7 +43,7 @@ FINETUNE_AUGMENTATIONS = ("inception_crop", "resize_crop", "resize")
 # ---------------------------------------------------------------------------
 
 
-def _check_common(source, training, batch_size, image_size, cache, pad_to_batch):
+def _check_common(source, training, batch_size, image_size, cache, pad_to_batch, seed):
     """The arguments both pipelines take."""
     if not isinstance(source, DataSource):
         _checks.fail(
@@ -58,6 +58,9 @@ def _check_common(source, training, batch_size, image_size, cache, pad_to_batch)
     if cache not in ("auto", True, False):
         _checks.fail("cache", cache, "'auto', True or False")
     _checks.boolean(pad_to_batch, "pad_to_batch")
+    # tf.data's and tfds' shuffle seeds are int64s.
+    if seed is not None and (_checks.integer(seed, "seed", minimum=0) >= 2**63):
+        _checks.fail("seed", seed, "None or an int in [0, 2**63)")
     if pad_to_batch and training:
         _checks.fail("pad_to_batch", pad_to_batch, "False when training=True (training batches are all full)")
 
@@ -91,6 +94,8 @@ def _batched(
     parallel maps run in. (The original draws with stateful ops, which a
     parallel map makes differ from run to run.)
     """
+    # One key per stream (examples, batches), folded with the position.
+    example_key, batch_key = tf.unstack(ops.split_seed(seed, 2))
     n = source.num_examples
     cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
     dataset = source.dataset
@@ -113,8 +118,6 @@ def _batched(
         if buffer > 1:
             dataset = dataset.shuffle(buffer, seed=seed)
     num_classes = source.num_classes
-    # One key per stream (examples, batches), folded with the position.
-    example_key, batch_key = tf.unstack(ops.split_seed(seed, 2))
 
     # The map functions hold no Python control flow on tensors: no AutoGraph.
     @tf.autograph.experimental.do_not_convert
@@ -195,7 +198,7 @@ def pretrain_pipeline(
         `(B, num_classes)`; with `pad_to_batch`, `(images, labels,
         weights)`, weights float32 `(batch_size,)`, 1 for real rows.
     """
-    _check_common(source, training, batch_size, image_size, cache, pad_to_batch)
+    _check_common(source, training, batch_size, image_size, cache, pad_to_batch, seed)
     if randaugment is not None:
         try:
             layers, _ = randaugment
@@ -318,7 +321,7 @@ def finetune_pipeline(
         with `pad_to_batch`, `(images, labels, weights)`, weights float32
         `(batch_size,)`, 1 for real rows and 0 for padding.
     """
-    _check_common(source, training, batch_size, image_size, cache, pad_to_batch)
+    _check_common(source, training, batch_size, image_size, cache, pad_to_batch, seed)
     _checks.one_of(augmentation, "augmentation", FINETUNE_AUGMENTATIONS)
     _checks.boolean(flip, "flip")
     if resize_size is None:

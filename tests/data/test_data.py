@@ -619,6 +619,15 @@ def test_argument_errors_name_the_argument_and_value(folder):
         (lambda: augment.mixup(tf.zeros((2, 1)), tf.zeros((2, 1)), 0), "alpha", "0", "a number > 0"),
         (lambda: padding.pad_batches(source.dataset, True), "batch_size", "True",
          "a positive int"),
+        (lambda: keras_vit.data.finetune_pipeline(**finetune, seed=-1), "seed", "-1", "an int >= 0"),
+        (lambda: keras_vit.data.finetune_pipeline(**finetune, seed=2**63), "seed", str(2**63),
+         "None or an int in \\[0, 2\\*\\*63\\)"),
+        (lambda: ops.random_flip(tf.zeros((4, 4, 3)), seed=True), "seed", "True",
+         "None, an int or a pair of ints"),
+        (lambda: ops.random_flip(tf.zeros((4, 4, 3)), seed=(1, 2, 3)), "seed", "\\(1, 2, 3\\)",
+         "None, an int or a pair of ints"),
+        (lambda: augment.cutout(tf.zeros((4, 4, 3), tf.uint8), 1, seed=0.5), "seed", "0.5",
+         "None, an int or a pair of ints"),
     ]
     for build, name, value, requirement in cases:
         with pytest.raises(ValueError, match=rf"^`{name}` must be {requirement}.*Received: {name}={value}$"):
