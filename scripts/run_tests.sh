@@ -101,7 +101,11 @@ for run in py312-jax py312-tensorflow lowest-tensorflow lowest-jax main-jax main
 done
 
 logs="$(mktemp -d)"
-trap 'rm -rf "$logs"' EXIT
+# Each run's temporary files (pytest's, its subprocesses', and what
+# libraries leave behind: tensorflow-datasets leaves an empty `tmp*tfds`
+# directory per builder it looks up) go under one directory, removed at exit.
+scratch="$(mktemp -d)"
+trap 'rm -rf "$logs" "$scratch"' EXIT
 run_one() {  # run_one "name|venv|backend|markers|tests" [pytest args...]
   local name venv backend markers tests
   IFS='|' read -r name venv backend markers tests <<< "$1"; shift
@@ -109,7 +113,8 @@ run_one() {  # run_one "name|venv|backend|markers|tests" [pytest args...]
   # the lowest and py312 environments hold nothing but their pins. Each run
   # shares JAX compilations with its own subprocesses.
   # shellcheck disable=SC2086
-  KERAS_BACKEND="$backend" PYTHONPATH="$PWD" JAX_COMPILATION_CACHE_DIR="$PWD/$venv/jax_cache" \
+  mkdir -p "$scratch/$name"
+  TMPDIR="$scratch/$name" KERAS_BACKEND="$backend" PYTHONPATH="$PWD" JAX_COMPILATION_CACHE_DIR="$PWD/$venv/jax_cache" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider --large --durations=10 \
     ${markers:+-m "$markers"} $tests "$@"
 }
