@@ -107,8 +107,8 @@ class RunFields(Config):
     steps_per_execution: int = arg(1, "batches per compiled call (e.g. 50 on TPUs: fewer host round trips)", valid="[1, inf)")
     seed: int = arg(0, "random seed (weights, shuffling)", valid="[0, 4294967295]")
     deterministic: bool = arg(
-        False, "the same command gives the same weights bit for bit (op determinism; a slower input "
-        "pipeline: docs/recipes.md)")
+        False, "bit-identical reruns also with --batch_augmentation and on GPUs (TensorFlow op determinism, "
+        "PyTorch deterministic algorithms; docs/recipes.md). CPU runs repeat without it")
     verbose: int = arg(1, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent", valid="[0, 2]")
     log_every: int = arg(100, "optimizer updates per Keras epoch (one line of logs, CSV and TensorBoard)", valid="[1, inf)")
     checkpoint_every: int = arg(500, "optimizer updates between resumable checkpoints", valid="[1, inf)")

@@ -28,7 +28,7 @@ class DemoConfig(Config):
     jit_compile: str = arg("auto", "Keras jit_compile: auto, true or false")
     distribution: str = arg("auto", "see keras_vit.distribute.get_distribution")
     seed: int = arg(0, "random seed (split, weights, shuffling)", valid="[0, 4294967295]")
-    deterministic: bool = arg(False, "the same command gives the same models bit for bit (see the recipes' flag)")
+    deterministic: bool = arg(False, "bit-identical reruns on GPUs too (the recipes' --deterministic)")
     verbose: int = arg(2, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent", valid="[0, 2]")
 
 
