@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 
+from recipes import classifier
 from recipes import cli
 from recipes import run as skeleton
 from recipes.configs import vtab as configs
@@ -98,10 +99,8 @@ def task_data(config, task, train_split, eval_split):
 
 
 def _fit(config, task, train_split, eval_split, run_dir, setup, callbacks, save_model):
-    from recipes import finetune
-
     train_data, eval_data = task_data(config, task, train_split, eval_split)
-    return finetune.fit_one(
+    return classifier.fit_one(
         config, run_dir=run_dir, setup=setup, train_data=train_data, eval_data=eval_data,
         num_classes=task.num_classes, eval_label=f"{task.name} {eval_split}", callbacks=callbacks,
         save_model=save_model,

@@ -25,6 +25,7 @@ import pytest
 import keras_vit
 from keras_vit.layers.position_embedding import resample_position_embedding
 from keras_vit.weights import read_npz
+from recipes import classifier
 from recipes import cli
 from recipes import demo
 from recipes import finetune
@@ -353,7 +354,7 @@ def test_finetune_builds_the_model_at_the_new_resolution(demo_run):
     assert np.abs(arrays["head/kernel"]).max() > 0
     config = finetune_configs.FinetuneConfig(model=None, model_overrides=TINY, weights=npz, image_size=32)
     for num_classes in (10, 7):
-        model, notes = finetune.build_model(config, num_classes)
+        model, notes = classifier.build_model(config, num_classes)
         weights = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
         posemb = keras.ops.convert_to_numpy(model.get_layer("posembed_input").pos_embedding)
         want = resample_position_embedding(arrays[POSEMB], (8, 8), (4, 4), num_prefix_tokens=1)
@@ -462,7 +463,7 @@ def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
                  capsys)
     assert err.startswith("error: --batch_augmentation=Normalization: `batch_augmentation` layer") and "normalization" in err
     assert "cannot run on" in err and "in tf.data" in err
-    layers = finetune.augmentation_layers('[{"class_name": "RandAugment", "config": {"num_ops": 3}}, '
+    layers = classifier.augmentation_layers('[{"class_name": "RandAugment", "config": {"num_ops": 3}}, '
                                           '{"class_name": "MixUp", "config": {"alpha": 0.5}}]')
     assert [type(layer).__name__ for layer in layers] == ["RandAugment", "MixUp"]
     assert layers[0].num_ops == 3 and layers[1].alpha == 0.5
@@ -472,7 +473,7 @@ def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
         labels.append(next(iter(train_data(16)))[1].numpy())
         return {"accuracy": 0.0, "eval_examples": 0, "steps": 0}
 
-    monkeypatch.setattr(finetune, "fit_one", fake_fit)
+    monkeypatch.setattr(classifier, "fit_one", fake_fit)
     finetune.main(["--smoke", f"--run_dir={tmp_path / 'fake'}", '--batch_augmentation=[{"class_name": "MixUp", '
                    '"config": {"alpha": 1.0}}]'])
     np.testing.assert_allclose(labels[0].sum(-1), 1.0, atol=1e-6)
@@ -500,7 +501,7 @@ def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):
         score = {0.001: 0.5, 0.003: 0.75, 0.01: 0.75, 0.03: 0.25}[config.learning_rate]
         return {"accuracy": score, "eval_examples": 16, "steps": config.total_steps}
 
-    monkeypatch.setattr(finetune, "fit_one", fake_fit)
+    monkeypatch.setattr(classifier, "fit_one", fake_fit)
     summary = finetune.main(["--smoke", f"--run_dir={tmp_path}", "--sweep", "--lr_grid=0.001,0.003,0.01,0.03"])
     assert calls == [
         (0.001, "sweep/lr_0.001", False), (0.003, "sweep/lr_0.003", False),

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from keras_vit.data import vtab
-from recipes import finetune
+from recipes import classifier
 from recipes import run as skeleton
 from recipes import rundir
 from recipes import vtab as runner
@@ -141,7 +141,7 @@ class _CountFits(keras.callbacks.Callback):
 @pytest.fixture(scope="module")
 def smoke_runs(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vtab")
-    real_fit = finetune.fit_one
+    real_fit = classifier.fit_one
     stubbed = {}
 
     def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, **kwargs):
@@ -160,7 +160,7 @@ def smoke_runs(tmp_path_factory):
         return {"accuracy": accuracy, "eval_examples": len(labels), "steps": config.total_steps}
 
     runner_fit = pytest.MonkeyPatch()
-    runner_fit.setattr(finetune, "fit_one", fit_one)
+    runner_fit.setattr(classifier, "fit_one", fit_one)
     _CrashDtd.crashed = False
     try:
         first = runner.main(SMOKE + [f"--run_dir={run_dir}"], callbacks=[_CrashDtd()])
@@ -239,7 +239,7 @@ def test_augreg_sweep_choices(tmp_path, monkeypatch):
         return {"accuracy": score, "eval_examples": 200, "steps": config.total_steps}
 
     monkeypatch.setattr(runner, "task_data", task_data)
-    monkeypatch.setattr(finetune, "fit_one", fit_one)
+    monkeypatch.setattr(classifier, "fit_one", fit_one)
     outcome = runner.main([
         "--smoke", "--config=augreg", "--tasks=kitti_distance", f"--run_dir={tmp_path}",
         "--lr_grid=0.001,0.003,0.01,0.03", "--steps_grid=500,2500", "--warmup_grid=100,200",
