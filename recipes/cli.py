@@ -163,7 +163,9 @@ def parse(argv, configs, *, prog, description):
             kwargs.update(nargs="?", const=True)
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
         valid = f", in {field.metadata['valid']}" if field.metadata.get("valid") else ""
-        help_text = f"{field.metadata.get('help', '')} (default: {_show(value)}{valid})"
+        library = field.metadata.get("library")
+        shown = f"{library}'s" if library and value is None else _show(value)
+        help_text = f"{field.metadata.get('help', '')} (default: {shown}{valid})"
         # argparse %-formats help strings.
         parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)
         fields.append(field.name)

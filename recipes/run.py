@@ -13,6 +13,9 @@ imported inside the functions, after the flags are parsed.
 
 import contextlib
 import csv
+import dataclasses
+import importlib
+import inspect
 import json
 import os
 import time
@@ -89,6 +92,7 @@ def check_fields(config):
     from keras_vit.data.pipelines import FINETUNE_AUGMENTATIONS
     from keras_vit.training.schedules import DECAY_TYPES
 
+    fill_library_defaults(config)
     try:
         config.check()
     except ValueError as error:
@@ -105,6 +109,19 @@ def check_fields(config):
     for field in ("cache", "jit_compile"):
         if hasattr(config, field):
             check_auto_bool(config, field)
+
+
+def fill_library_defaults(config):
+    """Sets each field declared `arg(None, ..., library=PATH)` and left None
+    to the default of the library function at PATH for the keyword of the
+    same name: the recipes write no default the library has, and
+    `config.json` records the values the run used."""
+    for field in dataclasses.fields(config):
+        path = field.metadata.get("library")
+        if path and getattr(config, field.name) is None:
+            module, name = path.rsplit(".", 1)
+            function = getattr(importlib.import_module(module), name)
+            setattr(config, field.name, inspect.signature(function).parameters[field.name].default)
 
 
 def log_interval(log_every, total_steps):

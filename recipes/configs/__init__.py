@@ -15,11 +15,21 @@ import math
 import typing
 
 
-def arg(default, help, valid=None):  # noqa: A002 - the flag's help text
+# The library function whose defaults are the fine-tuning recipes' (a
+# dotted path: the configs import no framework, so that `--help` is fast).
+FINETUNING = "keras_vit.training.finetuning_optimizer"
+
+
+def arg(default, help, valid=None, library=None):  # noqa: A002 - the flag's help text
     """A config field with its `--help` text and, for numbers, the `valid`
     interval (`"[0, 1)"`, `"(0, inf)"`, ...; each item of a tuple field);
-    mutable defaults are copied. Every float must also be finite."""
-    metadata = {"help": help, "valid": valid}
+    mutable defaults are copied. Every float must also be finite.
+
+    `library`: the dotted path of the library function whose keyword of the
+    same name gives the default. The field is then None until the recipe
+    starts (`recipes.run.check_fields` fills it in), so that each default is
+    written once, in the library."""
+    metadata = {"help": help, "valid": valid, "library": library}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -143,7 +153,8 @@ class ScheduleFields(Config):
     total_steps: int = arg(10_000, "optimizer updates", valid="[1, inf)")
     warmup_steps: int = arg(500, "linear warmup", valid="[0, inf)")
     learning_rate: float = arg(0.03, "base learning rate", valid="(0, inf)")
-    decay_type: str = arg("cosine", "decay after the warmup (keras_vit.training.WarmupDecay's)")
+    decay_type: Optional[str] = arg(None, "decay after the warmup, one of keras_vit.training.WarmupDecay's",
+                                    library=FINETUNING)
     grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")
     eval_every: int = arg(
         0, "evaluate the test split every this many updates during training (a multiple of "

@@ -17,6 +17,7 @@ given.
 
 import dataclasses
 
+from recipes.configs import FINETUNING
 from recipes.configs import SMOKE
 from recipes.configs import DataFields
 from recipes.configs import ModelFields
@@ -54,11 +55,12 @@ class FinetuneConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     batch_size: int = arg(512, "global batch per optimizer update (paper: 512)", valid="[1, inf)")
     accum_steps: int = arg(8, "micro-batches accumulated per update (vit_jax: 8 x 64 = 512); 1 for none", valid="[1, inf)")
     total_steps: int = arg(10_000, "optimizer updates", valid="[1, inf)")
-    warmup_steps: int = arg(500, "linear warmup (vit_jax: 500)", valid="[0, inf)")
+    warmup_steps: Optional[int] = arg(None, "linear warmup", valid="[0, inf)", library=FINETUNING)
     learning_rate: float = arg(0.03, "base learning rate (vit_jax default 0.03)", valid="(0, inf)")
-    momentum: float = arg(0.9, "SGD momentum (optax order, not Nesterov)", valid="[0, 1)")
-    accumulator_dtype: str = arg(
-        "bfloat16", "momentum buffer dtype: bfloat16 (the original's) or float32 (exact momentum)")
+    momentum: Optional[float] = arg(None, "SGD momentum (optax order, not Nesterov)", valid="[0, 1)",
+                                    library=FINETUNING)
+    accumulator_dtype: Optional[str] = arg(
+        None, "momentum buffer dtype: bfloat16 (the original's) or float32 (exact momentum)", library=FINETUNING)
     augmentation: str = arg(
         "inception_crop", "training crop: inception_crop (vit_jax), resize_crop (paper/BiT: 448 -> "
         "384) or resize")

@@ -6,6 +6,7 @@ every AugReg name), unless `--dropout_rate` is given.
 
 import dataclasses
 
+from recipes.configs import FINETUNING
 from recipes.configs import SMOKE
 from recipes.configs import DataFields
 from recipes.configs import ModelFields
@@ -32,8 +33,9 @@ class VtabConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     total_steps: int = arg(2500, "updates per task (paper: 2,500)", valid="[1, inf)")
     warmup_steps: int = arg(200, "linear warmup (AugReg's 200 for 2,500-step runs)", valid="[0, inf)")
     learning_rate: float = arg(0.01, "base learning rate (paper: 0.01)", valid="(0, inf)")
-    momentum: float = arg(0.9, "SGD momentum", valid="[0, 1)")
-    accumulator_dtype: str = arg("bfloat16", "momentum buffer dtype: bfloat16 (the original's) or float32")
+    momentum: Optional[float] = arg(None, "SGD momentum", valid="[0, 1)", library=FINETUNING)
+    accumulator_dtype: Optional[str] = arg(
+        None, "momentum buffer dtype: bfloat16 (the original's) or float32", library=FINETUNING)
     augmentation: str = arg(
         "resize_crop", "training crop: resize_crop (paper/BiT, 448 -> 384), inception_crop or resize; BiT's "
         "per-task switches still turn crops and flips off")

@@ -107,7 +107,9 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
     assert config.model_overrides == {"num_layers": 2}
     # Paper defaults (Table 4, App. B.1.1) where the config is silent.
     assert (config.batch_size, config.accum_steps, config.image_size) == (512, 8, 384)
-    assert (config.momentum, config.grad_clip, config.decay_type) == (0.9, 1.0, "cosine")
+    assert config.grad_clip == 1.0
+    skeleton.check_fields(config)  # the library's defaults, filled in as a run starts
+    assert (config.momentum, config.decay_type) == (0.9, "cosine")
     # --smoke shrinks everything; flags still win.
     _, config, smoke = finetune.parse(["--smoke", "--total_steps=3"])
     assert smoke and config.total_steps == 3 and config.weights is None
@@ -170,6 +172,39 @@ def test_configs_are_typed_attributes(monkeypatch):
     # vit_i21k.py: RandAugment(2, 15) and mixup 0.2 for medium1).
     assert pretrain_configs.AUGREG["medium1"] == ((2, 15), 0.2)
     assert pretrain_configs.get_config("augreg_imagenet21k").augreg == "medium1"
+
+
+@pytest.mark.one_backend
+def test_fine_tuning_defaults_are_the_librarys(monkeypatch, capsys):
+    """Issue 22: the fine-tuning recipes write no default the library has.
+    A new default warmup or decay in `finetuning_optimizer` is what
+    `--config=cifar10` and VTAB run with, recorded in their config."""
+    from keras_vit import training
+    from recipes.configs import vtab as vtab_configs
+
+    config = finetune_configs.get_config("cifar10")
+    assert (config.warmup_steps, config.decay_type, config.momentum, config.accumulator_dtype) == (None,) * 4
+    skeleton.check_fields(config)
+    assert (config.warmup_steps, config.decay_type, config.momentum, config.accumulator_dtype) == (
+        500, "cosine", 0.9, "bfloat16")
+    original = training.finetuning_optimizer.__defaults__
+    changed = tuple(300 if v == 500 else "linear" if v == "cosine" else v for v in original)
+    monkeypatch.setattr(training.finetuning_optimizer, "__defaults__", changed)
+    for config in (finetune_configs.get_config("cifar10"), vtab_configs.get_config()):
+        skeleton.check_fields(config)
+        assert config.decay_type == "linear"
+    assert finetune_configs.get_config("cifar10").replace(total_steps=10).warmup_steps is None
+    config = finetune_configs.get_config("cifar10")
+    skeleton.check_fields(config)
+    assert config.warmup_steps == 300
+    # A value the config or a flag gives wins.
+    config = finetune_configs.get_config("oxford_iiit_pet")
+    skeleton.check_fields(config)
+    assert config.warmup_steps == 100
+    with pytest.raises(SystemExit):
+        finetune.parse(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
+    assert "linear warmup (default: keras_vit.training.finetuning_optimizer's, in [0, inf))" in shown
 
 
 @pytest.mark.one_backend
