@@ -15,9 +15,10 @@ import math
 import typing
 
 
-# The library function whose defaults are the fine-tuning recipes' (a
-# dotted path: the configs import no framework, so that `--help` is fast).
+# The library functions whose defaults are the recipes' (dotted paths: the
+# configs import no framework, so that `--help` is fast).
 FINETUNING = "keras_vit.training.finetuning_optimizer"
+PRETRAINING = "keras_vit.training.pretraining_optimizer"
 
 
 def arg(default, help, valid=None, library=None):  # noqa: A002 - the flag's help text

@@ -18,6 +18,7 @@ import dataclasses
 from recipes.configs import SMOKE
 from recipes.configs import DataFields
 from recipes.configs import ModelFields
+from recipes.configs import PRETRAINING
 from recipes.configs import Optional
 from recipes.configs import RunFields
 from recipes.configs import ScheduleFields
@@ -55,13 +56,14 @@ class PretrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     eval_batch_size: int = arg(256, "evaluation batch", valid="[1, inf)")
     epochs: float = arg(300.0, "training length in epochs of train_split (if total_steps is 0)", valid="(0, inf)")
     total_steps: int = arg(0, "optimizer updates; 0: from epochs", valid="[0, inf)")
-    warmup_steps: int = arg(10_000, "linear warmup (paper: 10k)", valid="[0, inf)")
+    warmup_steps: Optional[int] = arg(None, "linear warmup (paper: 10k)", valid="[0, inf)", library=PRETRAINING)
     learning_rate: float = arg(3e-3, "base learning rate (Table 3)", valid="(0, inf)")
     decay_type: str = arg("cosine", "decay after the warmup (keras_vit.training.WarmupDecay's; Table 3)")
-    linear_end: float = arg(1e-5, "final learning rate of the linear decay", valid="[0, inf)")
+    linear_end: Optional[float] = arg(
+        None, "final learning rate of the linear decay", valid="[0, inf)", library=PRETRAINING)
     weight_decay: float = arg(0.3, "decoupled weight decay times the learning rate, on kernels (Table 3)", valid="[0, inf)")
-    first_moment_dtype: str = arg(
-        "float32", "Adam first moment dtype: float32 or bfloat16 (big_vision)")
+    first_moment_dtype: Optional[str] = arg(
+        None, "Adam first moment dtype: float32 or bfloat16 (big_vision)", library=PRETRAINING)
     loss: str = arg(
         "softmax", "softmax (cross-entropy) or sigmoid (AugReg: per-class sigmoid, head bias -10 / -6.9)")
     label_smoothing: float = arg(0.0, "label smoothing", valid="[0, 1)")

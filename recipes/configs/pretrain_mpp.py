@@ -12,6 +12,7 @@ import dataclasses
 from recipes.configs import SMOKE_MODEL
 from recipes.configs import DataFields
 from recipes.configs import ModelFields
+from recipes.configs import PRETRAINING
 from recipes.configs import Optional
 from recipes.configs import RunFields
 from recipes.configs import Tuple
@@ -36,7 +37,7 @@ class MppConfig(ModelFields, DataFields, RunFields):
     batch_size: int = arg(4096, "global batch per optimizer update (paper: 4096)", valid="[1, inf)")
     accum_steps: int = arg(1, "micro-batches accumulated per update", valid="[1, inf)")
     total_steps: int = arg(1_000_000, "optimizer updates (paper: 1M on JFT)", valid="[1, inf)")
-    warmup_steps: int = arg(10_000, "linear warmup", valid="[0, inf)")
+    warmup_steps: Optional[int] = arg(None, "linear warmup", valid="[0, inf)", library=PRETRAINING)
     learning_rate: float = arg(2e-4, "base learning rate (paper: 2e-4)", valid="(0, inf)")
     decay_type: str = arg("cosine", "decay after the warmup (keras_vit.training.WarmupDecay's)")
     grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")

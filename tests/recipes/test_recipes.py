@@ -282,6 +282,7 @@ def test_named_configs_state_their_expected_result():
     for name, function in pretrain_configs.CONFIGS.items():
         assert "Expected" in function.__doc__ and "dropout" in function.__doc__, name
     table3 = pretrain_configs.get_config("imagenet2012")
+    skeleton.check_fields(table3)  # the library's defaults (warmup), filled in as a run starts
     assert (table3.learning_rate, table3.weight_decay, table3.batch_size) == (3e-3, 0.3, 4096)
     assert (table3.warmup_steps, table3.epochs, table3.dropout_rate) == (10_000, 300.0, 0.1)
     assert skeleton.steps_from_epochs(300, 1_268_355, 4096) == 92_897
