@@ -89,13 +89,14 @@ def _batched(
 
     `preprocess(image, seed)` and `batch_fn(images, labels, seed)` get the
     stateless random seed of the example (the batch) at its position in
-    the stream, derived from `seed` (or one draw of TensorFlow's global
+    the stream (None at evaluation), derived from `seed` (or one draw of TensorFlow's global
     generator): the augmentation of a run is the same whatever order the
     parallel maps run in. (The original draws with stateful ops, which a
     parallel map makes differ from run to run.)
     """
     # One key per stream (examples, batches), folded with the position.
-    example_key, batch_key = tf.unstack(ops.split_seed(seed, 2))
+    # Evaluation draws nothing: no key, and no draw from the global generator.
+    example_key, batch_key = tf.unstack(ops.split_seed(seed, 2)) if training else (None, None)
     n = source.num_examples
     cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
     dataset = source.dataset
@@ -122,7 +123,7 @@ def _batched(
     # The map functions hold no Python control flow on tensors: no AutoGraph.
     @tf.autograph.experimental.do_not_convert
     def prepare(position, example):
-        seed = tf.random.experimental.stateless_fold_in(example_key, position)
+        seed = None if example_key is None else tf.random.experimental.stateless_fold_in(example_key, position)
         image = preprocess(source.decode(example["image"]), seed)
         return image, ops.one_hot(example["label"], num_classes)
 
