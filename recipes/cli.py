@@ -13,12 +13,15 @@ no TPU, ...) end in one line `error: ...` and exit status 2, no traceback.
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import sys
 import tempfile
 import typing
+
+from recipes.configs import OPTIMIZERS
 
 NONE = ("none", "null", "")
 
@@ -123,39 +126,27 @@ def _prescan(argv, prog):
     return name, smoke
 
 
-def parse(argv, configs, *, prog, description):
-    """Parses `argv` into `(config_name, config, smoke)`.
-
-    Args:
-        argv: command-line arguments (without the program name), or None for
-            `sys.argv[1:]`.
-        configs: the recipe's config module (`CONFIGS`, `DEFAULT`,
-            `get_config(name, smoke)`).
-        prog: program name in messages.
-        description: text of `--help`.
-    """
+def parse(argv, recipe, *, prog, description):
+    """Parses `argv` (None: `sys.argv[1:]`) into `(config_name, config,
+    smoke)` for `recipe` (a `recipes.configs.Recipe`); `description` is the
+    text of `--help`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name, smoke = _prescan(argv, prog)
-    name = configs.DEFAULT if name is None else name
-    if name not in configs.CONFIGS:
-        _Parser(prog=prog).error(
-            f"unknown config; expected one of {sorted(configs.CONFIGS)}. Received: config={name!r}"
-        )
-    config = configs.get_config(name, smoke=smoke)
+    name = recipe.default if name is None else name
+    if name not in recipe.configs:
+        _Parser(prog=prog).error(f"unknown config; expected one of {sorted(recipe.configs)}. Received: config={name!r}")
+    config = recipe.get_config(name, smoke=smoke)
     epilog = "Named configs (--config=NAME):\n" + "\n".join(
-        f"  {n}: {(f.__doc__ or '').strip().splitlines()[0]}" for n, f in configs.CONFIGS.items()
-    )
-    parser = _Parser(
-        prog=prog, description=description, epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--config", default=configs.DEFAULT, choices=sorted(configs.CONFIGS),
-                        help=f"named config (default: {configs.DEFAULT})")
+        f"  {n}: {named.summary}\n      expected: {named.expected}" for n, named in recipe.configs.items())
+    parser = _Parser(prog=prog, description=description, epilog=epilog,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default=recipe.default, choices=sorted(recipe.configs),
+                        help=f"named config (default: {recipe.default})")
     parser.add_argument("--smoke", nargs="?", const=True, default=False, type=parse_bool,
                         help="a tiny model for a few steps on generated data: checks the set-up, no download")
     types = type(config).types()
-    fields = []
-    for field in type(config).__dataclass_fields__.values():
+    fields = [f for f in dataclasses.fields(config) if f.name not in recipe.fixed]
+    for field in fields:
         parse_value, metavar = parser_for(types[field.name])
         value = getattr(config, field.name)
         kwargs = dict(type=parse_value, default=value, metavar=metavar, dest=field.name)
@@ -163,15 +154,13 @@ def parse(argv, configs, *, prog, description):
             kwargs.update(nargs="?", const=True)
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
         valid = f", in {field.metadata['valid']}" if field.metadata.get("valid") else ""
-        library = field.metadata.get("library")
-        shown = f"{library}'s" if library and value is None else _show(value)
+        library = field.metadata.get("library") and value is None
+        shown = f"{OPTIMIZERS.get(config.optimizer, 'the optimizer')}'s" if library else _show(value)
         help_text = f"{field.metadata.get('help', '')} (default: {shown}{valid})"
-        # argparse %-formats help strings.
-        parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)
-        fields.append(field.name)
+        parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)  # argparse %-formats help
     args = parser.parse_args(argv)
     for field in fields:
-        setattr(config, field, getattr(args, field))
+        setattr(config, field.name, getattr(args, field.name))
     try:
         config.check()
     except ValueError as error:
@@ -179,42 +168,15 @@ def parse(argv, configs, *, prog, description):
     return args.config, config, bool(args.smoke)
 
 
-def check_choice(config, field, choices):
-    """`config.<field>` must be one of `choices`, else an expected failure
-    naming the flag."""
-    value = getattr(config, field)
-    if value not in choices:
-        raise RecipeError(f"--{field} must be one of {list(choices)}. Received: --{field}={value}")
-    return value
-
-
-def check_auto_bool(config, field):
-    """`config.<field>` (`auto`, `true` or `false`, as `--cache` and
-    `--jit_compile` take them) as `"auto"`, True or False; anything else is
-    an expected failure naming the flag (`check_choice`'s message)."""
-    text = str(getattr(config, field)).strip().lower()
-    if text == "auto":
-        return "auto"
-    try:
-        return parse_bool(text)
-    except argparse.ArgumentTypeError:
-        return check_choice(config, field, ("auto", "true", "false"))  # Raises.
-
-
-def entry_points(configs, run, *, prog, description):
-    """A recipe's `parse(argv=None)` and `main(argv=None, **kwargs)`.
-
-    `parse` returns `(config_name, config, smoke)` from command-line
-    arguments (see `parse`); `main` parses them and returns
-    `run(config, config_name, smoke=smoke, **kwargs)` (e.g. `callbacks=`).
-    """
+def entry_points(recipe, run, *, prog, description):
+    """A recipe's `parse(argv=None)` -> `(config_name, config, smoke)` and
+    `main(argv=None, **kwargs)`, which parses and returns `run(config,
+    config_name, smoke=smoke, **kwargs)` (e.g. `callbacks=`)."""
 
     def parse_argv(argv=None):
-        """`(config_name, config, smoke)` from command-line arguments."""
-        return parse(argv, configs, prog=prog, description=description)
+        return parse(argv, recipe, prog=prog, description=description)
 
     def main(argv=None, **kwargs):
-        """Parses `argv` (default: `sys.argv[1:]`) and runs the recipe."""
         config_name, config, smoke = parse_argv(argv)
         import_tensorflow_quietly()
         return run(config, config_name, smoke=smoke, **kwargs)

@@ -21,11 +21,22 @@ See docs/inspect.md.
 import os
 import tempfile
 
+from recipes import checks
 from recipes import cli
-from recipes.configs import inspect as configs
+from recipes.configs import SMOKE_MODEL
+from recipes.configs import InspectConfig
+from recipes.configs import Named
+from recipes.configs import Recipe
 
-PROG = "python -m recipes.inspect_vit"
-DESCRIPTION = __doc__.split("\n\n")[0]
+RECIPE = Recipe(
+    "inspect_vit", "Inspection", InspectConfig, base={},
+    smoke=dict(model="none", model_overrides=dict(SMOKE_MODEL), weights=None, image_size=(16, 24), max_images=4,
+               rollout_images=2, components=4),
+    configs={"default": Named(
+        "figures of an original checkpoint fine-tuned on ImageNet at 384 px", {},
+        "the paper's Figure 7 patterns (docs/inspect.md): position embeddings similar along rows and columns, "
+        "attention distances that grow with depth",
+        "--weights=imagenet21k+imagenet2012 --image_size=384 --images=path/to/images --run_dir=runs/inspect_b16")})
 
 
 def _expected(what):
@@ -82,7 +93,7 @@ def run(config, config_name=None, smoke=False):
     import keras_vit
     from keras_vit import inspect as vit_inspect
 
-    cli.check_choice(config, "format", configs.FORMATS)
+    checks.check_fields(config)
     if config.images is None and not smoke:
         raise cli.RecipeError("give --images: a folder of images (or --smoke).")
     keras.utils.set_random_seed(config.seed)
@@ -120,7 +131,8 @@ def run(config, config_name=None, smoke=False):
     return written
 
 
-parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
+parse, main = cli.entry_points(RECIPE, run, prog="python -m recipes.inspect_vit",
+                               description=__doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

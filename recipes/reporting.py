@@ -1,31 +1,19 @@
-"""The Keras metrics and callbacks the recipes attach to `fit`: examples
-counted, the loss over real examples, progress in updates, the resumed
-message and the throughput timer.
+"""What the trainer attaches to `compile` and `fit`: metrics over the real
+examples of padded batches, progress in updates, TensorBoard when it is
+installed, the throughput timer.
 
-Imports Keras at the top: `recipes.run` imports this module inside its
+Imports Keras at the top: `recipes.train` imports this module inside its
 functions, after the flags are parsed, so that `--help` stays fast.
 """
 
+import importlib.util
 import time
 
 import keras
 
 # Metrics kept in the logs but not shown.
 HIDDEN_METRICS = ("examples",)
-
-
-def weighted_loss_metric(loss):
-    """The loss as a weighted metric named `loss`.
-
-    Evaluation batches are padded with weight-0 rows (`pad_to_batch`); Keras'
-    own loss tracker averages batch losses weighted by the padded batch
-    size, so padding would shrink `val_loss`. This metric averages the
-    per-example loss over the real examples; Keras reports compiled metrics
-    after its loss tracker, so it is the `loss` of the logs (pinned by
-    tests/recipes/test_recipes.py). Training batches are unweighted: the same
-    number as the tracker's.
-    """
-    return keras.metrics.MeanMetricWrapper(lambda y_true, y_pred: loss.call(y_true, y_pred), name="loss")
+_WARNED = []
 
 
 class ExampleCount(keras.metrics.Metric):
@@ -37,11 +25,8 @@ class ExampleCount(keras.metrics.Metric):
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         ops = keras.ops
-        if sample_weight is None:
-            count = ops.cast(ops.shape(y_true)[0], "float32")
-        else:
-            count = ops.sum(ops.cast(sample_weight, "float32"))
-        self.total.assign_add(count)
+        count = ops.shape(y_true)[0] if sample_weight is None else ops.sum(ops.cast(sample_weight, "float32"))
+        self.total.assign_add(ops.cast(count, "float32"))
 
     def result(self):
         return keras.ops.cast(self.total, "float32")
@@ -50,25 +35,52 @@ class ExampleCount(keras.metrics.Metric):
         self.total.assign(0.0)
 
 
-class Progress(keras.callbacks.Callback):
-    """Shows training in updates (not micro-batches) and the evaluation
-    under `eval_label`; replaces Keras' own progress bars. `verbose`: 1 a
-    bar per `log_every` updates, 2 one line each, 0 nothing."""
+def metrics(loss):
+    """The weighted metrics of a classifier: accuracy, the example count,
+    and the loss as a metric named `loss`. Evaluation batches are padded
+    with weight-0 rows (`pad_to_batch`); Keras' own loss tracker averages
+    batch losses weighted by the padded batch size, so padding would shrink
+    `val_loss`; this metric averages over the real examples, and Keras
+    reports compiled metrics after its tracker, so it is the logs' `loss`
+    (pinned by tests/recipes/test_recipes.py). Training batches are
+    unweighted: the same number as the tracker's."""
+    return [keras.metrics.CategoricalAccuracy(name="accuracy"), ExampleCount(),
+            keras.metrics.MeanMetricWrapper(lambda y_true, y_pred: loss.call(y_true, y_pred), name="loss")]
 
-    def __init__(self, total_steps, log_every, accum, verbose):
+
+def tensorboard(log_dir):
+    """`[keras.callbacks.TensorBoard]`, or `[]` (said once) without the
+    `tensorboard` package: history.csv has the same numbers."""
+    if importlib.util.find_spec("tensorboard") is not None:
+        return [keras.callbacks.TensorBoard(log_dir, write_graph=False)]
+    if not _WARNED:
+        _WARNED.append(True)
+        print("Note: `tensorboard` is not installed, so no TensorBoard logs are written (history.csv has the "
+              "same numbers). `pip install tensorboard` to get them.")
+    return []
+
+
+class Progress(keras.callbacks.Callback):
+    """Training in updates (not micro-batches) and the evaluation under
+    `eval_label`, in place of Keras' progress bars. `verbose`: 1 a bar per
+    `log_every` updates, 2 one line each, 0 nothing."""
+
+    def __init__(self, total_steps, log_every, accum, verbose, eval_label):
         super().__init__()
         self.total_steps, self.log_every, self.accum, self.verbose = total_steps, log_every, accum, verbose
+        self.eval_label = eval_label
         self.bar = None
-        self.eval_label = "evaluation"
 
     def _shown(self, logs):
         return [(k, float(v)) for k, v in (logs or {}).items() if k.removeprefix("val_") not in HIDDEN_METRICS]
 
     def _update(self, bar, step, logs, finalize=None):
         shown = self._shown(logs)
-        # Keras' logs are running means already: show them as they are.
-        bar.stateful_metrics = set(name for name, _ in shown)
+        bar.stateful_metrics = {name for name, _ in shown}  # Keras' logs are running means already
         bar.update(step, values=shown, finalize=finalize)
+
+    def _line(self, prefix, logs):
+        print(prefix + ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs)), flush=True)
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.verbose == 1:
@@ -83,8 +95,7 @@ class Progress(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         self.bar = None
         if self.verbose == 2:
-            text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
-            print(f"update {(epoch + 1) * self.log_every}/{self.total_steps}: {text}", flush=True)
+            self._line(f"update {(epoch + 1) * self.log_every}/{self.total_steps}: ", logs)
 
     def on_test_begin(self, logs=None):
         self.test_batches = 0
@@ -101,34 +112,16 @@ class Progress(keras.callbacks.Callback):
         if self.verbose == 1:
             self._update(self.test_bar, self.test_batches, logs, finalize=True)
         elif self.verbose == 2:
-            text = ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs))
-            print(f"evaluation on {self.eval_label}: {text}", flush=True)
-
-
-class ResumedMessage(keras.callbacks.Callback):
-    """Prints `Resumed from update N of M` once `backup` (a
-    `keras_vit.training.BackupAndResume` before it in the list) has loaded."""
-
-    def __init__(self, backup, total_steps):
-        super().__init__()
-        self.backup, self.total_steps = backup, total_steps
-
-    def on_train_begin(self, logs=None):
-        if self.backup.resumed_from:
-            print(f"Resumed from update {self.backup.resumed_from['step']} of {self.total_steps}", flush=True)
+            self._line(f"evaluation on {self.eval_label}: ", logs)
 
 
 class ThroughputTimer(keras.callbacks.Callback):
     """Times the training batches after the first `skip` (compilation,
-    warm-up), for the throughput in the summary."""
+    warm-up)."""
 
     def __init__(self, skip=2):
         super().__init__()
-        self.skip = skip
-        self.batches = 0
-        self.start = None
-        self.timed_batches = 0
-        self.elapsed = 0.0
+        self.skip, self.batches, self.start, self.timed_batches, self.elapsed = skip, 0, None, 0, 0.0
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches += 1
@@ -136,5 +129,7 @@ class ThroughputTimer(keras.callbacks.Callback):
         if self.batches == self.skip:
             self.start = now
         elif self.start is not None:
-            self.timed_batches = self.batches - self.skip
-            self.elapsed = now - self.start
+            self.timed_batches, self.elapsed = self.batches - self.skip, now - self.start
+
+    def images_per_second(self, batch_size):
+        return self.timed_batches * batch_size / self.elapsed if self.elapsed > 0 else None

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 
 from recipes.cli import RecipeError
 
@@ -175,3 +176,48 @@ def claim(run_dir, overwrite=False):
         yield run_dir
     finally:
         locks.release(marker)
+
+
+# Fields that may change between an interrupted run and its resumption.
+RESUMABLE_CHANGES = frozenset((
+    "run_dir", "overwrite", "distribution", "verbose", "data_dir", "download", "manual_dir", "tasks", "jit_compile",
+    "steps_per_execution", "deterministic",
+))
+
+
+def jsonable(config):
+    """A config (dataclass) as plain JSON values."""
+    return json.loads(json.dumps(config.to_dict(), default=json_default))
+
+
+def record_config(config, recipe, config_name, run_dir):
+    """Records the config in `run_dir/config.json`. Started again with the
+    same config a run resumes; with another, it is an error naming the
+    fields, unless nothing was written there but the config. The first
+    start's time is kept (the summary's wall time)."""
+    path = os.path.join(run_dir, "config.json")
+    saved = read_json(path)
+    current = jsonable(config)
+    started = saved is not None and any(name not in ("config.json", MARKER) for name in os.listdir(run_dir))
+    if started:
+        before = saved.get("config", {})
+        changed = sorted(k for k in set(before) | set(current)
+                         if k not in RESUMABLE_CHANGES and before.get(k) != current.get(k))
+        if changed:
+            details = ", ".join(f"{k}: {before.get(k)!r} -> {current.get(k)!r}" for k in changed)
+            raise RecipeError(
+                f"the run directory {run_dir} holds a run with another config ({details}). Run the same command to "
+                f"resume it, pass another --run_dir, or --overwrite to start over. Received: run_dir={run_dir!r}")
+    first_start = saved.get("started") if started else None
+    write_json(path, {"recipe": recipe, "config_name": config_name, "config": current,
+                      "started": first_start if isinstance(first_start, (int, float)) else time.time()})
+
+
+@contextlib.contextmanager
+def open_run(recipe, config, config_name):
+    """The run directory (default runs/<recipe>/<config>) claimed and the
+    config recorded; yields the directory, locked while the block runs."""
+    config.run_dir = config.run_dir or os.path.join("runs", recipe, config_name or "custom")
+    with claim(config.run_dir, config.overwrite) as run_dir:
+        record_config(config, recipe, config_name, run_dir)
+        yield run_dir

@@ -8,7 +8,8 @@ is evaluated on its test split. `--config=augreg` runs AugReg's sweep
 instead (lr {0.001, 0.003, 0.01, 0.03} x {500, 2,500} updates on
 `train800` -> `val200`, the best retrained on `train800val200`, evaluated on
 `test`). The tasks, splits and label definitions are those of
-`keras_vit.data.vtab` (docs/vtab.md).
+`keras_vit.data.vtab` (docs/vtab.md); each task is the trainer's
+`--dataset=vtab:<task>`.
 
     python -m recipes.vtab --model=ViT-L_16 --weights=imagenet21k      # all 19 tasks
     python -m recipes.vtab --tasks=clevr_count                          # one task
@@ -30,18 +31,37 @@ import sys
 import time
 import traceback
 
-from recipes import classifier
+from recipes import checks
 from recipes import cli
-from recipes import run as skeleton
-from recipes.configs import vtab as configs
+from recipes import inputs
+from recipes import rundir
+from recipes import train
+from recipes.configs import SMOKE
+from recipes.configs import Named
+from recipes.configs import Recipe
+from recipes.configs import VtabConfig
 
-PROG = "python -m recipes.vtab"
-DESCRIPTION = __doc__.split("\n\n")[0]
 TASK_RESULT = "task_result.json"
-CSV_COLUMNS = (
-    "task", "name", "group", "status", "accuracy", "learning_rate", "steps", "warmup_steps",
-    "val_accuracy", "eval_examples", "wall_time_s", "paper", "error",
-)
+CSV_COLUMNS = ("task", "name", "group", "status", "accuracy", "learning_rate", "steps", "warmup_steps",
+               "val_accuracy", "eval_examples", "wall_time_s", "paper", "error")
+RECIPE = Recipe(
+    "vtab", "VTAB-1k", VtabConfig,
+    base=dict(dataset=None, train_split="train800val200", test_split="test", sweep_train_split="train800",
+              sweep_val_split="val200", total_steps=2500, warmup_steps=200, learning_rate=0.01,
+              augmentation="resize_crop", shuffle_buffer=1000, steps_grid=(500, 2500), warmup_grid=(100, 200)),
+    smoke=dict(SMOKE, total_steps=2, steps_grid=(2,), warmup_grid=(1,)),
+    fixed=("dataset", "train_split", "test_split", "sweep_train_split", "sweep_val_split", "epochs", "eval_every"),
+    configs={
+        "paper": Named(
+            "the ViT paper's protocol (App. B.1.1, Table 4): every task 2,500 updates of 512 on train800val200 at "
+            "384 px, lr 0.01; BiT's augmentation", {},
+            "Table 9's mean over the 19 tasks: 72.7 % for ViT-L/16 pre-trained on ImageNet-21k (--model=ViT-L_16)",
+            "--model=ViT-L_16 --weights=imagenet21k"),
+        "augreg": Named(
+            "AugReg's protocol (Steiner et al., App. C): lr {0.001, 0.003, 0.01, 0.03} x {500, 2,500} updates on "
+            "train800 -> val200, the best retrained on train800val200", dict(sweep=True),
+            "the per-task numbers of the AugReg paper's figures", "--model=B_16 --weights=augreg"),
+    })
 
 
 def select_tasks(spec):
@@ -49,9 +69,7 @@ def select_tasks(spec):
     from keras_vit.data import vtab
 
     chosen = set()
-    for item in (s.strip() for s in str(spec).split(",")):
-        if not item:
-            continue
+    for item in (s.strip() for s in str(spec).split(",") if s.strip()):
         if item.lower() == "all":
             chosen.update(t.key for t in vtab.TASKS)
         elif item.lower() in vtab.GROUPS:
@@ -62,300 +80,59 @@ def select_tasks(spec):
             except ValueError:
                 raise cli.RecipeError(
                     f"unknown VTAB task or group {item!r}; use task keys ({', '.join(t.key for t in vtab.TASKS)}), "
-                    f"paper names, {', '.join(vtab.GROUPS)} or all. Received: tasks={spec!r}"
-                ) from None
+                    f"paper names, {', '.join(vtab.GROUPS)} or all. Received: tasks={spec!r}") from None
     if not chosen:
         raise cli.RecipeError(f"--tasks selects no task. Received: tasks={spec!r}")
     return [t for t in vtab.TASKS if t.key in chosen]
-
-
-# ---------------------------------------------------------------------------
-# One task.
-# ---------------------------------------------------------------------------
-
-
-def task_data(config, task, train_split, eval_split):
-    """`(train_data, eval_data)`: functions of the batch size returning the
-    task's `keras_vit.data.vtab.vtab_pipeline` batches (BiT's per-task crop
-    and flip switches included)."""
-    from keras_vit.data import vtab
-
-    common_args = dict(
-        image_size=config.image_size, data_dir=config.data_dir, download=config.download,
-        manual_dir=config.manual_dir, cache=skeleton.cache_setting(config),
-    )
-
-    def train_data(batch_size):
-        return vtab.vtab_pipeline(
-            task, train_split, batch_size=batch_size, training=True, augmentation=config.augmentation,
-            shuffle_buffer=config.shuffle_buffer, seed=config.seed, **common_args,
-        )
-
-    def eval_data(batch_size):
-        return vtab.vtab_pipeline(
-            task, eval_split, batch_size=batch_size, training=False, pad_to_batch=True, **common_args)
-
-    return train_data, eval_data
-
-
-def _fit(config, task, train_split, eval_split, run_dir, setup, callbacks, save_model):
-    train_data, eval_data = task_data(config, task, train_split, eval_split)
-    return classifier.fit_one(
-        config, run_dir=run_dir, setup=setup, train_data=train_data, eval_data=eval_data,
-        num_classes=task.num_classes, eval_label=f"{task.name} {eval_split}", callbacks=callbacks,
-        save_model=save_model,
-    )
 
 
 def check_config(config):
     """Fails fast on settings that would make every task fail."""
     from keras_vit.data import vtab
 
-    skeleton.check_fields(config)
-    cli.check_choice(config, "paper_model", vtab.PAPER_MODELS)
-    if config.sweep:
-        if len(config.steps_grid) != len(config.warmup_grid):
-            raise cli.RecipeError(
-                "--warmup_grid needs one warmup per entry of steps_grid. Received: "
-                f"--steps_grid={config.steps_grid}, --warmup_grid={config.warmup_grid}"
-            )
-        for steps, warmup in zip(config.steps_grid, config.warmup_grid):
-            skeleton.check_schedule(config, total_steps=steps, warmup_steps=warmup)
-    else:
-        skeleton.check_schedule(config)
-    select_tasks(config.tasks)
+    checks.check(config)
+    checks.choice(config, "paper_model", vtab.PAPER_MODELS)
+    return select_tasks(config.tasks)
 
 
 def run_task(task, config, task_dir, setup, callbacks=()):
     """Fine-tunes and evaluates one task (resumable); returns its row."""
     start = time.perf_counter()
-    final, trials = {}, []
-    if config.sweep:
-        def fit(changes, name):
-            return _fit(config.replace(**changes), task, "train800", "val200",
-                        os.path.join(task_dir, "sweep", name), setup, callbacks, save_model=False)["accuracy"]
-
-        grid = [
-            (f"lr_{lr:g}-steps_{steps}", dict(learning_rate=lr, total_steps=steps, warmup_steps=warmup))
-            for steps, warmup in zip(config.steps_grid, config.warmup_grid)
-            for lr in config.lr_grid
-        ]
-        final, trials = skeleton.sweep(grid, fit, "val200")
-    final = config.replace(**final)
-    result = _fit(final, task, "train800val200", "test", os.path.join(task_dir, "final"), setup, callbacks,
-                  save_model=config.save_models)
+    result = train.sweep_and_train(config.replace(dataset=inputs.VTAB_PREFIX + task.key), task_dir,
+                                   os.path.join(task_dir, "final"), setup, callbacks=callbacks,
+                                   save=config.save_models)
+    trials = result["sweep"]
     return {
-        "task": task.key,
-        "name": task.name,
-        "group": task.group,
-        "status": "done",
-        "accuracy": 100.0 * result["accuracy"],
-        "learning_rate": final.learning_rate,
-        "steps": result["steps"],
-        "warmup_steps": final.warmup_steps,
+        "task": task.key, "name": task.name, "group": task.group, "status": "done",
+        "accuracy": 100.0 * result["accuracy"], "learning_rate": result["learning_rate"], "steps": result["steps"],
+        "warmup_steps": result["warmup_steps"],
         "val_accuracy": 100.0 * max(t["val_accuracy"] for t in trials) if trials else None,
-        "eval_examples": result["eval_examples"],
-        "wall_time_s": time.perf_counter() - start,
-        "sweep": [
-            dict(learning_rate=t["learning_rate"], steps=t["total_steps"], warmup_steps=t["warmup_steps"],
-                 val_accuracy=100.0 * t["val_accuracy"])
-            for t in trials
-        ],
-        "paper": task.paper.get(config.paper_model),
-        "error": None,
+        "eval_examples": result["eval_examples"], "wall_time_s": time.perf_counter() - start,
+        "sweep": [dict(learning_rate=t["learning_rate"], steps=t.get("total_steps"),
+                       warmup_steps=t.get("warmup_steps"), val_accuracy=100.0 * t["val_accuracy"]) for t in trials],
+        "paper": task.paper.get(config.paper_model), "error": None,
     }
-
-
-# ---------------------------------------------------------------------------
-# Report.
-# ---------------------------------------------------------------------------
-
-
-def group_means(accuracies):
-    """Means of a `{task key or name: accuracy}` mapping, as Table 9 reports.
-
-    Returns `{"natural": (mean, n, size), "specialized": ..., "structured":
-    ..., "mean": ...}`: the mean over the tasks present (None if none), how
-    many were present and how many the group has. The overall mean is over
-    the tasks (the paper's "Mean" column averages the 19 tasks), not over
-    the group means.
-    """
-    from keras_vit.data import vtab
-
-    by_key = {}
-    for name, value in accuracies.items():
-        if value is not None:
-            by_key[vtab.get_task(name).key] = float(value)
-    out = {}
-    for group in vtab.GROUPS:
-        values = [by_key[t.key] for t in vtab.tasks_in_group(group) if t.key in by_key]
-        out[group] = (sum(values) / len(values) if values else None, len(values),
-                      len(vtab.tasks_in_group(group)))
-    values = [by_key[t.key] for t in vtab.TASKS if t.key in by_key]
-    out["mean"] = (sum(values) / len(values) if values else None, len(values), len(vtab.TASKS))
-    return out
-
-
-def _cell(mean, n, size):
-    if mean is None:
-        return "–"
-    return f"{mean:.1f}" if n == size else f"{mean:.1f}*"
-
-
-def report_markdown(rows, model_label, config):
-    """The Markdown report: our row and the paper's rows in the layout of
-    Table 9 (a column per task, then the group means and the mean), then a
-    per-task table with the settings."""
-    from keras_vit.data import vtab
-
-    names = [t.name for t in vtab.TASKS]
-    header = "| Model | " + " | ".join(names) + " | Natural | Specialized | Structured | Mean |"
-    rule = "|---" * (len(names) + 5) + "|"
-    ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
-
-    def line(label, values):
-        means = group_means(values)
-        cells = [f"{values[t.key]:.1f}" if values.get(t.key) is not None else "–" for t in vtab.TASKS]
-        cells += [_cell(*means[g]) for g in (*vtab.GROUPS, "mean")]
-        return f"| {label} | " + " | ".join(cells) + " |"
-
-    if config.sweep:
-        protocol = "AugReg sweep (lr x steps on train800 -> val200, the best retrained on train800val200)"
-    else:
-        protocol = (
-            f"the ViT paper's (train800val200, lr {config.learning_rate:g}, "
-            f"{config.total_steps} steps)"
-        )
-    lines = [
-        f"# VTAB-1k: {model_label}",
-        "",
-        f"Protocol: {protocol}, {config.image_size} px, batch {config.batch_size}; "
-        "test accuracy in %.",
-        "",
-        header,
-        rule,
-        line(model_label, ours),
-    ]
-    for paper_model in vtab.PAPER_MODELS:
-        lines.append(line(f"{paper_model}, paper", {t.key: t.paper[paper_model] for t in vtab.TASKS}))
-    missing = [t.name for t in vtab.TASKS if t.key not in ours]
-    lines += [
-        "",
-        "Group means average the tasks of the group, Mean the 19 tasks (as the paper's "
-        "Table 9). * marks a mean over the tasks finished so far"
-        + (f" (missing: {', '.join(missing)})." if missing else "."),
-        "",
-        "| Task | Group | Accuracy | Paper | lr | Steps | Val. accuracy | Wall time (s) | Status |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        accuracy = f"{r['accuracy']:.2f}" if r.get("accuracy") is not None else "–"
-        val = f"{r['val_accuracy']:.2f}" if r.get("val_accuracy") is not None else "–"
-        status = r["status"]
-        if status != "done" and r.get("error"):
-            status += ": " + r["error"].splitlines()[0][:120].replace("|", "/")
-        lines.append(
-            f"| {r['name']} | {r['group']} | {accuracy} | {r.get('paper', '–')} | "
-            f"{r.get('learning_rate') if r.get('learning_rate') is not None else '–'} | "
-            f"{r.get('steps') if r.get('steps') is not None else '–'} | {val} | "
-            f"{r['wall_time_s']:.0f} | {status} |"
-        )
-    lines.append(f"\n(Paper column: {config.paper_model}.)")
-    return "\n".join(lines) + "\n"
-
-
-def bar_chart(rows, path, model_label, paper_model):
-    """Per-task accuracy beside the paper's, coloured by group (PNG).
-
-    Drawn on a bare `matplotlib.figure.Figure` (Agg canvas): no pyplot
-    state, no display needed, the caller's matplotlib backend untouched.
-    """
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-    from keras_vit.data import vtab
-
-    ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
-    colours = {"natural": "#4c72b0", "specialized": "#dd8452", "structured": "#55a868"}
-    means = group_means(ours)
-    paper_means = group_means({t.key: t.paper[paper_model] for t in vtab.TASKS})
-    labels = [t.name for t in vtab.TASKS] + ["Natural", "Specialized", "Structured", "Mean"]
-    mine = [ours.get(t.key) for t in vtab.TASKS] + [means[g][0] for g in (*vtab.GROUPS, "mean")]
-    theirs = [t.paper[paper_model] for t in vtab.TASKS] + [
-        paper_means[g][0] for g in (*vtab.GROUPS, "mean")
-    ]
-    groups = [t.group for t in vtab.TASKS] + list(vtab.GROUPS) + ["mean"]
-    x = range(len(labels))
-    fig = Figure(figsize=(14, 4.8))
-    ax = fig.subplots()
-    width = 0.4
-    edge = [colours.get(g, "#444444") for g in groups]
-    ax.bar([i - width / 2 for i in x], [v or 0.0 for v in mine], width, color=edge)
-    ax.bar([i + width / 2 for i in x], theirs, width, color="none", edgecolor=edge, hatch="//")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, rotation=60, ha="right")
-    ax.set_ylabel("Top-1 accuracy (%)")
-    ax.set_ylim(0, 100)
-    ax.set_title("VTAB-1k", loc="left")
-    handles = [
-        Patch(facecolor="#777777", label=model_label),
-        Patch(facecolor="none", edgecolor="#777777", hatch="//", label=f"{paper_model}, paper"),
-    ] + [Patch(facecolor=c, label=g) for g, c in colours.items()]
-    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def write_report(run_dir, config, model_label):
-    """Collects every task result in `run_dir` (also those of earlier
-    invocations) and writes results.csv/json, report.md and report.png."""
-    from keras_vit.data import vtab
-
-    rows = []
-    for task in vtab.TASKS:
-        row = skeleton.read_json(os.path.join(run_dir, "tasks", task.key, TASK_RESULT))
-        if row is not None:
-            rows.append(row)
-    skeleton.write_json(os.path.join(run_dir, "results.json"), rows)
-    with open(os.path.join(run_dir, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow(row)
-    markdown = report_markdown(rows, model_label, config)
-    with open(os.path.join(run_dir, "report.md"), "w") as f:
-        f.write(markdown)
-    bar_chart(rows, os.path.join(run_dir, "report.png"), model_label, config.paper_model)
-    return rows, markdown
-
-
-# ---------------------------------------------------------------------------
-# The runner.
-# ---------------------------------------------------------------------------
 
 
 def run(config, config_name=None, smoke=False, callbacks=()):
     """Runs the selected tasks; returns `{"rows": [...], "failed": [...],
     "report": markdown, "run_dir": ...}`."""
-    check_config(config)
-    tasks = select_tasks(config.tasks)
-    with skeleton.open_run("vtab", config, config_name) as run_dir:
-        setup, header = skeleton.start_run("vtab", config, run_dir)
+    tasks = check_config(config)
+    with rundir.open_run("vtab", config, config_name) as run_dir:
+        setup = checks.set_up(config)
         if config.verbose:
-            skeleton.print_header(header + [
+            print("\n".join(train.start_header("vtab", run_dir, setup, config) + [
                 f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
-                f"updates of {config.batch_size} at {config.image_size} px"
-            ])
-        model_label = f"{config.model or 'ViT'} ({config.weights or 'random init'})"
+                f"updates of {config.batch_size} at {config.image_size} px"]), flush=True)
         failed = []
-        with skeleton.smoke_mode(config, smoke):
+        with inputs.smoke_mode(config, smoke):
             for index, task in enumerate(tasks):
                 task_dir = os.path.join(run_dir, "tasks", task.key)
                 result_path = os.path.join(task_dir, TASK_RESULT)
-                previous = skeleton.read_json(result_path)
+                previous = rundir.read_json(result_path)
                 if previous is not None and previous["status"] == "done":
-                    print(f"[{index + 1}/{len(tasks)}] {task.name}: done earlier, "
-                          f"{previous['accuracy']:.2f} %", flush=True)
+                    print(f"[{index + 1}/{len(tasks)}] {task.name}: done earlier, {previous['accuracy']:.2f} %",
+                          flush=True)
                     continue
                 print(f"[{index + 1}/{len(tasks)}] {task.name} ({task.num_classes} classes)", flush=True)
                 start = time.perf_counter()
@@ -366,21 +143,17 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                     os.makedirs(task_dir, exist_ok=True)
                     with open(os.path.join(task_dir, "error.txt"), "w") as f:
                         f.write(traceback.format_exc())
-                    row = {
-                        "task": task.key, "name": task.name, "group": task.group, "status": "failed",
-                        "accuracy": None, "learning_rate": None, "steps": None, "warmup_steps": None,
-                        "val_accuracy": None, "eval_examples": None,
-                        "wall_time_s": time.perf_counter() - start,
-                        "paper": task.paper.get(config.paper_model), "error": message,
-                    }
+                    row = dict({c: None for c in CSV_COLUMNS}, task=task.key, name=task.name, group=task.group,
+                               status="failed", wall_time_s=time.perf_counter() - start,
+                               paper=task.paper.get(config.paper_model), error=message)
                     failed.append(task.key)
-                    print(f"  {task.name} failed ({message.splitlines()[0][:300]}); "
-                          f"traceback in {task_dir}/error.txt. Continuing.", flush=True)
+                    print(f"  {task.name} failed ({message.splitlines()[0][:300]}); traceback in "
+                          f"{task_dir}/error.txt. Continuing.", flush=True)
                 else:
-                    print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, "
-                          f"{row['steps']} steps, {row['wall_time_s']:.0f} s)", flush=True)
-                skeleton.write_json(result_path, row)
-        rows, markdown = write_report(run_dir, config, model_label)
+                    print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, {row['steps']} "
+                          f"steps, {row['wall_time_s']:.0f} s)", flush=True)
+                rundir.write_json(result_path, row)
+        rows, markdown = write_report(run_dir, config, f"{config.model or 'ViT'} ({config.weights or 'random init'})")
         print(markdown)
         print(f"Report: {os.path.join(run_dir, 'report.md')}, {os.path.join(run_dir, 'report.png')}")
         if failed:
@@ -389,8 +162,111 @@ def run(config, config_name=None, smoke=False, callbacks=()):
         return {"rows": rows, "failed": failed, "report": markdown, "run_dir": run_dir}
 
 
-parse, main = cli.entry_points(configs, run, prog=PROG, description=DESCRIPTION)
+# ---------------------------------------------------------------------------
+# The report.
+# ---------------------------------------------------------------------------
 
+
+def _cell(mean, n, size):
+    return "–" if mean is None else f"{mean:.1f}" if n == size else f"{mean:.1f}*"
+
+
+def report_markdown(rows, model_label, config):
+    """Our row and the paper's in the layout of Table 9 (a column per task,
+    the group means, the mean), then a per-task table with the settings."""
+    from keras_vit.data import vtab
+
+    ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
+
+    def line(label, values):
+        means = vtab.group_means(values)
+        cells = [f"{values[t.key]:.1f}" if values.get(t.key) is not None else "–" for t in vtab.TASKS]
+        return f"| {label} | " + " | ".join(cells + [_cell(*means[g]) for g in (*vtab.GROUPS, "mean")]) + " |"
+
+    protocol = ("AugReg sweep (lr x steps on train800 -> val200, the best retrained on train800val200)"
+                if config.sweep else
+                f"the ViT paper's (train800val200, lr {config.learning_rate:g}, {config.total_steps} steps)")
+    missing = [t.name for t in vtab.TASKS if t.key not in ours]
+    lines = [
+        f"# VTAB-1k: {model_label}", "",
+        f"Protocol: {protocol}, {config.image_size} px, batch {config.batch_size}; test accuracy in %.", "",
+        "| Model | " + " | ".join(t.name for t in vtab.TASKS) + " | Natural | Specialized | Structured | Mean |",
+        "|---" * (len(vtab.TASKS) + 5) + "|", line(model_label, ours),
+        *(line(f"{m}, paper", {t.key: t.paper[m] for t in vtab.TASKS}) for m in vtab.PAPER_MODELS), "",
+        "Group means average the tasks of the group, Mean the 19 tasks (as the paper's Table 9). * marks a mean "
+        "over the tasks finished so far" + (f" (missing: {', '.join(missing)})." if missing else "."), "",
+        "| Task | Group | Accuracy | Paper | lr | Steps | Val. accuracy | Wall time (s) | Status |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def shown(value, form="{}"):
+        return "–" if value is None else form.format(value)
+
+    for r in rows:
+        status = r["status"]
+        if status != "done" and r.get("error"):
+            status += ": " + r["error"].splitlines()[0][:120].replace("|", "/")
+        lines.append(f"| {r['name']} | {r['group']} | {shown(r.get('accuracy'), '{:.2f}')} | {shown(r.get('paper'))} "
+                     f"| {shown(r.get('learning_rate'))} | {shown(r.get('steps'))} | "
+                     f"{shown(r.get('val_accuracy'), '{:.2f}')} | {r['wall_time_s']:.0f} | {status} |")
+    lines.append(f"\n(Paper column: {config.paper_model}.)")
+    return "\n".join(lines) + "\n"
+
+
+def bar_chart(rows, path, model_label, paper_model):
+    """Per-task accuracy beside the paper's, coloured by group (PNG), drawn
+    on a bare `matplotlib.figure.Figure`: no pyplot state, no display."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    from keras_vit.data import vtab
+
+    ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
+    colours = {"natural": "#4c72b0", "specialized": "#dd8452", "structured": "#55a868"}
+    means, paper_means = vtab.group_means(ours), vtab.group_means(vtab.paper_results(paper_model))
+    summaries = (*vtab.GROUPS, "mean")
+    labels = [t.name for t in vtab.TASKS] + ["Natural", "Specialized", "Structured", "Mean"]
+    mine = [ours.get(t.key) or 0.0 for t in vtab.TASKS] + [means[g][0] or 0.0 for g in summaries]
+    theirs = [t.paper[paper_model] for t in vtab.TASKS] + [paper_means[g][0] for g in summaries]
+    edge = [colours.get(g, "#444444") for g in [t.group for t in vtab.TASKS] + list(summaries)]
+    x = range(len(labels))
+    fig = Figure(figsize=(14, 4.8))
+    ax = fig.subplots()
+    ax.bar([i - 0.2 for i in x], mine, 0.4, color=edge)
+    ax.bar([i + 0.2 for i in x], theirs, 0.4, color="none", edgecolor=edge, hatch="//")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=60, ha="right")
+    ax.set(ylabel="Top-1 accuracy (%)", ylim=(0, 100))
+    ax.set_title("VTAB-1k", loc="left")
+    handles = [Patch(facecolor="#777777", label=model_label),
+               Patch(facecolor="none", edgecolor="#777777", hatch="//", label=f"{paper_model}, paper")]
+    handles += [Patch(facecolor=c, label=g) for g, c in colours.items()]
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_report(run_dir, config, model_label):
+    """Every task result in `run_dir` (earlier invocations' too) as
+    results.csv/json, report.md and report.png."""
+    from keras_vit.data import vtab
+
+    rows = [row for row in (rundir.read_json(os.path.join(run_dir, "tasks", t.key, TASK_RESULT))
+                            for t in vtab.TASKS) if row is not None]
+    rundir.write_json(os.path.join(run_dir, "results.json"), rows)
+    with open(os.path.join(run_dir, "results.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    markdown = report_markdown(rows, model_label, config)
+    with open(os.path.join(run_dir, "report.md"), "w") as f:
+        f.write(markdown)
+    bar_chart(rows, os.path.join(run_dir, "report.png"), model_label, config.paper_model)
+    return rows, markdown
+
+
+parse, main = cli.entry_points(RECIPE, run, prog="python -m recipes.vtab", description=__doc__.split("\n\n")[0])
 
 if __name__ == "__main__":
     outcome = cli.run_command(main)

@@ -175,7 +175,7 @@ def pretrain_pipeline(
             central crop. Defaults to `image_size * 8 / 7` rounded (256 for
             224).
         randaugment: optional `(num_layers, magnitude)`; AugReg's presets
-            (`light1` ... `strong2`) are in `recipes/configs/pretrain.py`.
+            (`light1` ... `strong2`) are in `recipes/configs.py` (`AUGREG`).
         mixup_alpha: float >= 0; 0 turns mixup off. Defaults to 0.
         shuffle_buffer: int. Training shuffle buffer (capped at the number of
             examples). Defaults to 50,000.

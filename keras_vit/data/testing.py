@@ -5,8 +5,9 @@ the features keras_vit's sources and VTAB tasks read, so a whole pipeline
 (and the recipes' `--smoke`) runs without any download.
 `synthetic_images()` draws smooth random colour fields and
 `SyntheticImages` serves batches of them to `fit` (masked patch
-prediction's `--dataset=synthetic`), `smoke_images()` writes a folder of
-random-pixel PNGs (`recipes.inspect_vit --smoke`).
+prediction's `--dataset=synthetic`; `write_sample_images()` saves a few as
+PNG files), `smoke_images()` writes a folder of random-pixel PNGs
+(`recipes.inspect_vit --smoke`).
 """
 
 import contextlib
@@ -128,6 +129,18 @@ class SyntheticImages(keras.utils.PyDataset):
 
     def on_epoch_end(self):
         self.epoch += 1
+
+
+def write_sample_images(directory, count, height, width, seed=0):
+    """Writes `count` of `synthetic_images` (drawn apart from the training
+    batches' seeds) as `directory/sample_<i>.png`; returns `directory`."""
+    from PIL import Image
+
+    os.makedirs(directory, exist_ok=True)
+    for i, image in enumerate(synthetic_images(count, height, width, seed=seed + 2**31)):
+        pixels = np.round((image + 1.0) * 127.5).clip(0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(directory, f"sample_{i}.png"))
+    return directory
 
 
 def smoke_images(directory, size, count=4, seed=0):

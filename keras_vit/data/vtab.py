@@ -548,3 +548,19 @@ def paper_results(model=PAPER_MODELS[0]):
     """`{task name: accuracy %}` of one model of the paper's Table 9."""
     _checks.one_of(model, "model", PAPER_MODELS)
     return {t.name: t.paper[model] for t in TASKS}
+
+
+def group_means(accuracies):
+    """The means of Table 9 over `{task key or name: accuracy}`.
+
+    Returns `{"natural": (mean, n, size), "specialized": ..., "structured":
+    ..., "mean": ...}`: the mean over the tasks present (None if none), how
+    many are present and how many the group has. The overall mean averages
+    the tasks (as the paper's "Mean" column), not the group means.
+    """
+    by_key = {get_task(name).key: float(value) for name, value in accuracies.items() if value is not None}
+    means = {}
+    for group, tasks in [(g, tasks_in_group(g)) for g in GROUPS] + [("mean", TASKS)]:
+        values = [by_key[t.key] for t in tasks if t.key in by_key]
+        means[group] = (sum(values) / len(values) if values else None, len(values), len(tasks))
+    return means

@@ -121,6 +121,8 @@ class BackupAndResume(keras.callbacks.Callback):
         self._save_pending = False
         self._torch_rng_pending = None  # restored when the first real step starts
         self.resumed_from = None  # metadata of the checkpoint loaded, if any
+        self._restored_before_fit = False  # `restore` ran: `fit` starts at its epoch
+        self._initial_epoch_set = False
 
     # --- Checkpoint files -------------------------------------------------
 
@@ -223,20 +225,62 @@ class BackupAndResume(keras.callbacks.Callback):
 
     # --- Restore and skip -------------------------------------------------
 
-    def on_train_begin(self, logs=None):
+    def restore(self, model, *, epochs=None, steps_per_epoch=None):
+        """Loads the latest checkpoint into `model` before `fit`, and
+        returns the epoch to start at: `fit(..., initial_epoch=...,
+        callbacks=[this callback, ...])` then resumes through public Keras
+        alone. For runs whose checkpoints land on epoch ends (`save_freq`
+        a multiple of `steps_per_epoch`, or `"epoch"`); 0 without a
+        checkpoint.
+
+        Args:
+            model: the compiled model of the run (built).
+            epochs, steps_per_epoch: the `fit` arguments of the run, checked
+                against the checkpoint's.
+
+        Raises:
+            ValueError: the checkpoint belongs to another run, or was
+                written mid-epoch (pass the callback to `fit` without calling
+                this: it then skips the batches already trained).
+        """
+        self.set_model(model)
+        self.set_params({"epochs": epochs, "steps": steps_per_epoch})
         self._reset_run_state()
+        epoch, batch = self._acquire_and_restore(set_initial_epoch=False)
+        if batch:
+            self._release()
+            raise ValueError(
+                f"The checkpoint in {self.backup_dir} was written mid-epoch (batch {batch} of epoch {epoch}): "
+                "`restore` resumes at epoch ends only. Pass the callback to `fit` without calling `restore`: "
+                f"it skips the trained batches. Received: batch={batch}")
+        self._restored_before_fit = True
+        return epoch
+
+    def on_train_begin(self, logs=None):
+        if self._restored_before_fit:  # `restore` loaded the state and holds the lock
+            self._restored_before_fit = False
+            return
+        self._reset_run_state()
+        self._acquire_and_restore(set_initial_epoch=True)
+
+    def _acquire_and_restore(self, set_initial_epoch):
         if self._is_writer():
             _acquire_lock(self.backup_dir)
         try:
-            self._restore()
+            return self._restore(set_initial_epoch)
         except BaseException:  # a refused checkpoint does not keep the lock
-            _release_lock(self.backup_dir)
+            self._release()
             raise
 
-    def _restore(self):
+    def _release(self):
+        if self._is_writer():
+            _release_lock(self.backup_dir)
+
+    def _restore(self, set_initial_epoch):
+        """Loads the checkpoint, if any; returns `(epoch, batch)` to resume at."""
         metadata = self.read_checkpoint()
         if metadata is None:
-            return
+            return 0, 0
         model = self.model
         self._check_same_run(metadata, model)
         if model.optimizer is not None and not model.optimizer.built:
@@ -252,10 +296,13 @@ class BackupAndResume(keras.callbacks.Callback):
         epoch, batch = metadata["epoch"], metadata["batch"]
         if metadata["steps_per_epoch"] is not None and batch >= metadata["steps_per_epoch"]:
             epoch, batch = epoch + 1, 0
-        _set_initial_epoch(model, epoch)
-        if batch:
-            self._resume_epoch, self._skip_until = epoch, batch
-            self._wrap_train_function(model)
+        if set_initial_epoch:
+            _set_initial_epoch(model, epoch)
+            self._initial_epoch_set = True
+            if batch:
+                self._resume_epoch, self._skip_until = epoch, batch
+                self._wrap_train_function(model)
+        return epoch, batch
 
     def _check_same_run(self, metadata, model):
         """Refuses a checkpoint of another run: with another model or
@@ -390,14 +437,14 @@ class BackupAndResume(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self._unwrap()
-        _set_initial_epoch(self.model, None)
+        if self._initial_epoch_set:
+            _set_initial_epoch(self.model, None)
         if not self._failed:
             if self.delete_on_finish:
                 self._delete_own_files()
             elif self._since_save or self._save_pending:
                 self._save()
-        if self._is_writer():
-            _release_lock(self.backup_dir)
+        self._release()
 
     def _delete_own_files(self):
         """Deletes what this callback wrote, and the directory if that

@@ -376,7 +376,7 @@ def test_eval_pad_to_batch_gives_full_weighted_batches(folder):
     np.testing.assert_array_equal(images[:10], want_images)
     np.testing.assert_array_equal(labels[:10], want_labels)
     assert not images[10:].any() and not labels[10:].any()
-    # The same batches as padding.pad_batches on the plain pipeline (recipes/run.py's path).
+    # The same batches as padding.pad_batches on the plain pipeline (the recipes' path, recipes/inputs.py).
     for got, want in zip(batches, padding.pad_batches(plain, 4)):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b.numpy())
@@ -406,7 +406,7 @@ def test_pretrain_eval_resize_small_central_crop(folder):
 @pytest.mark.one_backend
 def test_pretrain_train_with_randaugment_and_mixup(folder):
     source = keras_vit.data.from_directory(folder[0])
-    # AugReg's strong2 (recipes/configs/pretrain.py): RandAugment 2/20, mixup 0.8.
+    # AugReg's strong2 (recipes/configs.py): RandAugment 2/20, mixup 0.8.
     ds = keras_vit.data.pretrain_pipeline(
         source, training=True, batch_size=5, image_size=16, randaugment=(2, 20), mixup_alpha=0.8, seed=1
     )

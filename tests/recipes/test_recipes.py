@@ -25,18 +25,19 @@ import pytest
 import keras_vit
 from keras_vit.layers.position_embedding import resample_position_embedding
 from keras_vit.weights import read_npz
-from recipes import classifier
+from recipes import checks
 from recipes import cli
+from recipes import configs
 from recipes import demo
 from recipes import finetune
+from recipes import inputs
 from recipes import inspect_vit
 from recipes import pretrain
 from recipes import pretrain_mpp
-from recipes import run as skeleton
 from recipes import rundir
+from recipes import train
 from recipes import vtab
-from recipes.configs import finetune as finetune_configs
-from recipes.configs import pretrain as pretrain_configs
+from recipes.configs import TrainConfig
 from tests.helpers import ROOT as REPO_ROOT
 from tests.helpers import fast_jax_compiles
 
@@ -77,6 +78,8 @@ def test_every_numeric_flag_is_range_checked_before_any_work(capsys):
     for recipe in (finetune, pretrain, pretrain_mpp, vtab, demo, inspect_vit):
         _, config, _ = recipe.parse([])
         for name, kind, interval in _numeric_fields(config):
+            if name in recipe.RECIPE.fixed:
+                continue
             assert interval or name == "head_bias_init", (recipe.__name__, name)
             bad = ["nan", "inf", "-inf"] if kind is float else []
             if interval:
@@ -108,7 +111,7 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
     # Paper defaults (Table 4, App. B.1.1) where the config is silent.
     assert (config.batch_size, config.accum_steps, config.image_size) == (512, 8, 384)
     assert config.grad_clip == 1.0
-    skeleton.check_fields(config)  # the library's defaults, filled in as a run starts
+    checks.fill_library_defaults(config)  # as a run starts
     assert (config.momentum, config.decay_type) == (0.9, "cosine")
     # --smoke shrinks everything; flags still win.
     _, config, smoke = finetune.parse(["--smoke", "--total_steps=3"])
@@ -125,8 +128,9 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
     with pytest.raises(SystemExit):
         finetune.parse(["--help"])
     out = capsys.readouterr().out
-    assert all(f"--{field}" in out for field in finetune_configs.FinetuneConfig.__dataclass_fields__)
-    assert all(name in out for name in finetune_configs.CONFIGS)
+    assert all(f"--{field}" in out for field in TrainConfig.__dataclass_fields__)
+    assert all(name in out and named.expected[:20] in " ".join(out.split())
+               for name, named in finetune.RECIPE.configs.items())
     with pytest.raises(SystemExit) as exit_info:
         pretrain.parse(["--learning_rate=fast"])
     err = capsys.readouterr().err
@@ -141,9 +145,7 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
 def test_augreg_presets_table():
     """AugReg's presets (Steiner et al. Sec. 3.3; big_vision RANDAUG_DEF,
     MIXUP_DEF), beside the pre-training config that uses them."""
-    from recipes.configs import pretrain as pretrain_configs
-
-    assert pretrain_configs.AUGREG == {
+    assert configs.AUGREG == {
         "none": (None, 0.0), "light1": ((2, 0), 0.0), "light2": ((2, 10), 0.2),
         "medium1": ((2, 15), 0.2), "medium2": ((2, 15), 0.5), "strong1": ((2, 20), 0.5),
         "strong2": ((2, 20), 0.8),
@@ -153,58 +155,65 @@ def test_augreg_presets_table():
 @pytest.mark.one_backend
 def test_configs_are_typed_attributes(monkeypatch):
     from keras_vit.training import schedules
-    from recipes import configs
 
     # Issue 22: the choice lists are the library's, never copied: a decay
     # shape added there is a valid --decay_type at once.
     assert not hasattr(configs, "DECAY_TYPES") and not hasattr(configs, "AUGMENTATIONS")
     monkeypatch.setattr(schedules, "DECAY_TYPES", (*schedules.DECAY_TYPES, "rsqrt"))
-    skeleton.check_fields(finetune_configs.get_config(smoke=True).replace(decay_type="rsqrt"))
-    config = finetune_configs.get_config("cifar10")
+    checks.check(finetune.RECIPE.get_config(smoke=True).replace(decay_type="rsqrt"))
+    config = finetune.RECIPE.get_config("cifar10")
     with pytest.raises(AttributeError, match="learnig_rate"):
         config.learnig_rate = 0.1
     with pytest.raises(AttributeError):
         config.learnig_rate  # noqa: B018
     with pytest.raises(TypeError):
-        finetune_configs.FinetuneConfig(learnig_rate=0.1)
-    assert finetune_configs.get_config("cifar10", smoke=True).image_size == 16
-    # The AugReg presets sit beside the pre-training config (big_vision
-    # vit_i21k.py: RandAugment(2, 15) and mixup 0.2 for medium1).
-    assert pretrain_configs.AUGREG["medium1"] == ((2, 15), 0.2)
-    assert pretrain_configs.get_config("augreg_imagenet21k").augreg == "medium1"
+        TrainConfig(learnig_rate=0.1)
+    assert finetune.RECIPE.get_config("cifar10", smoke=True).image_size == 16
+    # The AugReg presets (big_vision vit_i21k.py: RandAugment(2, 15) and
+    # mixup 0.2 for medium1).
+    assert configs.AUGREG["medium1"] == ((2, 15), 0.2)
+    assert pretrain.RECIPE.get_config("augreg_imagenet21k").augreg == "medium1"
 
 
 @pytest.mark.one_backend
 def test_fine_tuning_defaults_are_the_librarys(monkeypatch, capsys):
-    """Issue 22: the fine-tuning recipes write no default the library has.
-    A new default warmup or decay in `finetuning_optimizer` is what
-    `--config=cifar10` and VTAB run with, recorded in their config."""
+    """Issue 22: the recipes write no default the library has. A new
+    default warmup or decay in `finetuning_optimizer` is what
+    `--config=cifar10` and VTAB run with, recorded in their config;
+    pre-training takes `pretraining_optimizer`'s; an option the chosen
+    optimizer does not take is refused."""
     from keras_vit import training
-    from recipes.configs import vtab as vtab_configs
 
-    config = finetune_configs.get_config("cifar10")
+    config = finetune.RECIPE.get_config("cifar10")
     assert (config.warmup_steps, config.decay_type, config.momentum, config.accumulator_dtype) == (None,) * 4
-    skeleton.check_fields(config)
+    checks.check(config)
     assert (config.warmup_steps, config.decay_type, config.momentum, config.accumulator_dtype) == (
         500, "cosine", 0.9, "bfloat16")
+    assert (config.weight_decay, config.first_moment_dtype, config.linear_end) == (None,) * 3
     original = training.finetuning_optimizer.__defaults__
     changed = tuple(300 if v == 500 else "linear" if v == "cosine" else v for v in original)
     monkeypatch.setattr(training.finetuning_optimizer, "__defaults__", changed)
-    for config in (finetune_configs.get_config("cifar10"), vtab_configs.get_config()):
-        skeleton.check_fields(config)
+    for config in (finetune.RECIPE.get_config("cifar10"), vtab.RECIPE.get_config()):
+        checks.check(config)
         assert config.decay_type == "linear"
-    assert finetune_configs.get_config("cifar10").replace(total_steps=10).warmup_steps is None
-    config = finetune_configs.get_config("cifar10")
-    skeleton.check_fields(config)
+    config = finetune.RECIPE.get_config("cifar10")
+    checks.check(config)
     assert config.warmup_steps == 300
     # A value the config or a flag gives wins.
-    config = finetune_configs.get_config("oxford_iiit_pet")
-    skeleton.check_fields(config)
+    config = finetune.RECIPE.get_config("oxford_iiit_pet")
+    checks.check(config)
     assert config.warmup_steps == 100
     with pytest.raises(SystemExit):
         finetune.parse(["--help"])
     shown = " ".join(capsys.readouterr().out.split())  # argparse wraps the help
     assert "linear warmup (default: keras_vit.training.finetuning_optimizer's, in [0, inf))" in shown
+    config = pretrain.RECIPE.get_config("imagenet21k")
+    checks.check(config)
+    assert (config.warmup_steps, config.linear_end, config.first_moment_dtype, config.momentum) == (
+        10_000, 1e-5, "float32", None)
+    with pytest.raises(cli.RecipeError, match=r"--momentum is not an option of keras_vit.training."
+                       r"pretraining_optimizer \(--optimizer=adam\). Received: --momentum=0.8"):
+        checks.check(pretrain.RECIPE.get_config().replace(momentum=0.8))
 
 
 @pytest.mark.one_backend
@@ -272,25 +281,25 @@ def test_named_configs_state_their_expected_result():
         "cifar10": "99.02", "cifar100": "92.06", "imagenet2012": "84.53",
         "oxford_iiit_pet": "94.67", "oxford_flowers102": "99.61",
     }
-    for name, function in finetune_configs.CONFIGS.items():
-        assert f"{expected[name]} %" in function.__doc__, name
-        assert f"python -m recipes.finetune --config={name}" in function.__doc__, name
-        assert "Dropout" in function.__doc__, name
-        config = function()
+    for name, named in finetune.RECIPE.configs.items():
+        assert f"{expected[name]} %" in named.expected, name
+        assert finetune.RECIPE.command(name).startswith(f"python -m recipes.finetune --config={name}")
         steps = {"imagenet2012": 20_000, "oxford_iiit_pet": 500, "oxford_flowers102": 500}
-        assert config.total_steps == steps.get(name, 10_000), name
-    for name, function in pretrain_configs.CONFIGS.items():
-        assert "Expected" in function.__doc__ and "dropout" in function.__doc__, name
-    table3 = pretrain_configs.get_config("imagenet2012")
-    skeleton.check_fields(table3)  # the library's defaults (warmup), filled in as a run starts
+        assert finetune.RECIPE.get_config(name).total_steps == steps.get(name, 10_000), name
+    assert "Dropout" in finetune.__doc__ and "Dropout" in pretrain.__doc__
+    for recipe in (pretrain, pretrain_mpp, vtab, demo, inspect_vit):
+        assert all(named.summary and named.expected for named in recipe.RECIPE.configs.values()), recipe
+    table3 = pretrain.RECIPE.get_config("imagenet2012")
+    checks.check(table3)  # the library's defaults (warmup), filled in as a run starts
     assert (table3.learning_rate, table3.weight_decay, table3.batch_size) == (3e-3, 0.3, 4096)
     assert (table3.warmup_steps, table3.epochs, table3.dropout_rate) == (10_000, 300.0, 0.1)
-    assert skeleton.steps_from_epochs(300, 1_268_355, 4096) == 92_897
+    assert (table3.optimizer, table3.decay_type, table3.pipeline, table3.pre_logits) == ("adam", "cosine", "pretrain", True)
+    assert checks.steps_from_epochs(300, 1_268_355, 4096) == 92_897
     # Issue 13: a custom model inherits the config's dropout, and is told so.
     custom = table3.replace(model=None, model_overrides={"hidden_size": 16})
-    assert "dropout_rate=0.1" in skeleton.inherited_dropout_warning(custom)
-    assert skeleton.inherited_dropout_warning(table3) is None
-    assert skeleton.inherited_dropout_warning(custom.replace(dropout_rate=0.0)) is None
+    assert "dropout_rate=0.1" in checks.inherited_dropout_warning(custom)
+    assert checks.inherited_dropout_warning(table3) is None
+    assert checks.inherited_dropout_warning(custom.replace(dropout_rate=0.0)) is None
 
 
 def test_dropout_in_model_overrides_wins_and_is_said():
@@ -300,22 +309,21 @@ def test_dropout_in_model_overrides_wins_and_is_said():
     _, config, _ = pretrain.parse([
         "--config=imagenet2012", "--model=none", '--model_overrides={"hidden_size": 16, "dropout_rate": 0}',
     ])
-    assert config.dropout_rate == 0.1 and skeleton.model_kwargs(config)["dropout_rate"] == 0
-    assert skeleton.inherited_dropout_warning(config) == (
+    assert config.dropout_rate == 0.1 and train.model_kwargs(config)["dropout_rate"] == 0
+    assert checks.inherited_dropout_warning(config) == (
         "warning: --model_overrides sets dropout_rate=0, which wins over --dropout_rate=0.1 "
         "(the config's or the flag's)."
     )
-    model = skeleton.build_vit(config.replace(model_overrides=dict(config.model_overrides, **TINY)),
-                               input_shape=(16, 16, 3), num_classes=3)
+    model, _ = train.build_model(config.replace(model_overrides=dict(config.model_overrides, **TINY)), 3, (16, 16, 3))
     assert model.get_layer("dropout").rate == 0 and model.get_layer("encoderblock_0").dropout_rate == 0
     # The same value twice, or no --dropout_rate: nothing to say.
-    assert skeleton.inherited_dropout_warning(config.replace(dropout_rate=0.0)) is None
-    assert skeleton.inherited_dropout_warning(config.replace(dropout_rate=None)) is None
-    assert skeleton.model_kwargs(config.replace(dropout_rate=None))["dropout_rate"] == 0
+    assert checks.inherited_dropout_warning(config.replace(dropout_rate=0.0)) is None
+    assert checks.inherited_dropout_warning(config.replace(dropout_rate=None)) is None
+    assert train.model_kwargs(config.replace(dropout_rate=None))["dropout_rate"] == 0
     # Without one in --model_overrides, --dropout_rate applies (and is warned about).
     plain = config.replace(model_overrides={"hidden_size": 16})
-    assert skeleton.model_kwargs(plain)["dropout_rate"] == 0.1
-    assert "trains with this config's dropout_rate=0.1" in skeleton.inherited_dropout_warning(plain)
+    assert train.model_kwargs(plain)["dropout_rate"] == 0.1
+    assert "trains with this config's dropout_rate=0.1" in checks.inherited_dropout_warning(plain)
 
 
 # ---------------------------------------------------------------------------
@@ -388,9 +396,9 @@ def test_finetune_builds_the_model_at_the_new_resolution(demo_run):
     arrays = read_npz(npz)
     assert arrays[POSEMB].shape == (1, 17, 16) and "pre_logits/kernel" in arrays
     assert np.abs(arrays["head/kernel"]).max() > 0
-    config = finetune_configs.FinetuneConfig(model=None, model_overrides=TINY, weights=npz, image_size=32)
+    config = TrainConfig(model=None, model_overrides=TINY, weights=npz, image_size=32)
     for num_classes in (10, 7):
-        model, notes = classifier.build_model(config, num_classes)
+        model, notes = train.build_model(config, num_classes, (32, 32, 3))
         weights = {v.path: keras.ops.convert_to_numpy(v) for v in model.weights}
         posemb = keras.ops.convert_to_numpy(model.get_layer("posembed_input").pos_embedding)
         want = resample_position_embedding(arrays[POSEMB], (8, 8), (4, 4), num_prefix_tokens=1)
@@ -420,7 +428,7 @@ def test_demo_rerun_is_instant_and_a_changed_config_is_refused(demo_run, monkeyp
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run trained again")
 
-    monkeypatch.setattr(skeleton, "train_and_evaluate", no_training)
+    monkeypatch.setattr(train, "train", no_training)
     argv = [f"--run_dir={run_dir}", "--pretrain_steps=4", "--verbose=0", f"--model_overrides={json.dumps(TINY)}"]
     capsys.readouterr()
     again = demo.main(argv + ["--finetune_steps=4"])
@@ -486,7 +494,7 @@ def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
     """--batch_augmentation: Keras layers on the training batches (MixUp
     mixes the labels), the smoke run trains; off by default; an unknown
     layer is one error line."""
-    assert finetune_configs.get_config("cifar10").batch_augmentation is None
+    assert finetune.RECIPE.get_config("cifar10").batch_augmentation is None
     # RandAugment through the pipeline is tests/data/test_data.py's (its
     # tracing costs a minute under JAX); here a cheap layer and MixUp.
     summary = finetune.main(["--smoke", f"--run_dir={tmp_path / 'run'}", "--verbose=0",
@@ -499,17 +507,17 @@ def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
                  capsys)
     assert err.startswith("error: --batch_augmentation=Normalization: `batch_augmentation` layer") and "normalization" in err
     assert "cannot run on" in err and "in tf.data" in err
-    layers = classifier.augmentation_layers('[{"class_name": "RandAugment", "config": {"num_ops": 3}}, '
+    layers = inputs.augmentation_layers('[{"class_name": "RandAugment", "config": {"num_ops": 3}}, '
                                           '{"class_name": "MixUp", "config": {"alpha": 0.5}}]')
     assert [type(layer).__name__ for layer in layers] == ["RandAugment", "MixUp"]
     assert layers[0].num_ops == 3 and layers[1].alpha == 0.5
     labels = []
 
-    def fake_fit(config, *, train_data, num_classes, **kwargs):
-        labels.append(next(iter(train_data(16)))[1].numpy())
+    def fake_train(config, run_dir, setup, **kwargs):
+        labels.append(next(iter(inputs.load_data(config, run_dir).train(16)))[1].numpy())
         return {"accuracy": 0.0, "eval_examples": 0, "steps": 0}
 
-    monkeypatch.setattr(classifier, "fit_one", fake_fit)
+    monkeypatch.setattr(train, "train", fake_train)
     finetune.main(["--smoke", f"--run_dir={tmp_path / 'fake'}", '--batch_augmentation=[{"class_name": "MixUp", '
                    '"config": {"alpha": 1.0}}]'])
     np.testing.assert_allclose(labels[0].sum(-1), 1.0, atol=1e-6)
@@ -530,19 +538,22 @@ def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):
     best on train_split, reported on test_split (training stubbed)."""
     calls = []
 
-    def fake_fit(config, *, run_dir, setup, train_data, eval_data, num_classes, save_model=True, **kwargs):
-        images, labels = next(iter(train_data(4)))
-        assert images.shape == (4, 16, 16, 3) and labels.shape == (4, num_classes)
-        calls.append((config.learning_rate, os.path.relpath(run_dir, tmp_path), save_model))
+    def fake_train(config, run_dir, setup, *, save=True, **kwargs):
+        data = inputs.load_data(config, run_dir)
+        images, labels = next(iter(data.train(4)))
+        assert images.shape == (4, 16, 16, 3) and labels.shape == (4, data.num_classes)
+        calls.append((config.learning_rate, os.path.relpath(run_dir, tmp_path), save,
+                      config.train_split, config.test_split))
         score = {0.001: 0.5, 0.003: 0.75, 0.01: 0.75, 0.03: 0.25}[config.learning_rate]
         return {"accuracy": score, "eval_examples": 16, "steps": config.total_steps}
 
-    monkeypatch.setattr(classifier, "fit_one", fake_fit)
+    monkeypatch.setattr(train, "train", fake_train)
     summary = finetune.main(["--smoke", f"--run_dir={tmp_path}", "--sweep", "--lr_grid=0.001,0.003,0.01,0.03"])
+    sweep = ("train[:98%]", "train[98%:]")
     assert calls == [
-        (0.001, "sweep/lr_0.001", False), (0.003, "sweep/lr_0.003", False),
-        (0.01, "sweep/lr_0.01", False), (0.03, "sweep/lr_0.03", False),
-        (0.003, ".", True),  # the first of the best
+        (0.001, "sweep/lr_0.001", False, *sweep), (0.003, "sweep/lr_0.003", False, *sweep),
+        (0.01, "sweep/lr_0.01", False, *sweep), (0.03, "sweep/lr_0.03", False, *sweep),
+        (0.003, ".", True, "train[:98%]", "test"),  # the first of the best
     ]
     assert summary["learning_rate"] == 0.003 and [s["val_accuracy"] for s in summary["sweep"]] == [0.5, 0.75, 0.75, 0.25]
 
@@ -763,21 +774,23 @@ def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path, capsys):
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     with open(tmp_path / "checkpoints" / "checkpoint.json") as f:
         checkpoint = json.load(f)
-    # Killed after micro-batch 11: the last checkpoint is update 5 (epoch 1,
-    # 2 of its 8 micro-batches); no final model yet.
-    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["batch"]) == (5, 1, 2)
+    # Killed after micro-batch 11 (update 5, in the second Keras epoch of 4
+    # updates): the last checkpoint is the first epoch's end, where
+    # `fit(initial_epoch=1)` resumes (issue 22: checkpoints only at epoch
+    # ends); no final model yet.
+    assert (checkpoint["step"], checkpoint["epoch"], checkpoint["batch"]) == (4, 1, 0)
     assert not (tmp_path / "summary.json").exists()
 
     # The same command again (here in this process: a fresh process would
     # only add seconds of imports).
     summary = pretrain.main(_argv(tmp_path)[:-1] + ["--verbose=2"])
     out = capsys.readouterr().out
-    assert "Resumed from update 5 of 8" in out
+    assert "Resumed from update 4 of 8" in out
     # The smoke run's custom model inherits the imagenet2012 config's dropout.
     assert "warning: the custom model (--model=none) trains with this config's dropout_rate=0.1" in out
     progress = [line for line in out.splitlines() if line.startswith("update ")]
     assert progress[-1].startswith("update 8/8: ") and not any("examples" in line for line in progress)
-    assert summary["steps"] == 8 and summary["resumed_from_step"] == 5
+    assert summary["steps"] == 8 and summary["resumed_from_step"] == 4
     assert summary["config"]["dataset"] == "imagenet2012" and summary["num_classes"] == 1000
     with open(tmp_path / "checkpoints" / "checkpoint.json") as f:
         assert json.load(f)["step"] == 8
@@ -859,7 +872,7 @@ def _error(main, argv, capsys):
 
 def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     run = f"--run_dir={tmp_path / 'run'}"
-    assert "--total_steps must be in [1, inf). Received: --total_steps=-5" in _error(
+    assert "--total_steps must be in [0, inf). Received: --total_steps=-5" in _error(
         finetune.main, ["--smoke", run, "--total_steps=-5"], capsys)
     assert "--warmup_steps must be in [0, total_steps=4)" in _error(
         finetune.main, ["--smoke", run, "--warmup_steps=4"], capsys)
@@ -895,11 +908,11 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json"]
     # A batch that does not split over the replicas: said before any work,
     # naming the flag and a value that works.
-    config = finetune_configs.get_config(smoke=True).replace(batch_size=12)
+    config = finetune.RECIPE.get_config(smoke=True).replace(batch_size=12)
     with pytest.raises(cli.RecipeError, match="--batch_size=12 .* use --batch_size=16"):
-        skeleton.check_batches(config, types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
+        checks.check_batches(config, types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
     with pytest.raises(cli.RecipeError, match="--eval_batch_size=12 .* use --eval_batch_size=16"):
-        skeleton.check_batches(config.replace(batch_size=16, eval_batch_size=12),
+        checks.check_batches(config.replace(batch_size=16, eval_batch_size=12),
                                types.SimpleNamespace(num_replicas=8, mode="data_parallel"))
 
 

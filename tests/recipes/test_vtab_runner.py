@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from keras_vit.data import vtab
-from recipes import classifier
-from recipes import run as skeleton
+from recipes import inputs
 from recipes import rundir
+from recipes import train
 from recipes import vtab as runner
-from recipes.configs.vtab import VtabConfig
+from recipes.configs import VtabConfig
 from tests.helpers import ROOT, fast_jax_compiles
 
 SMOKE = ["--smoke", "--total_steps=4", "--log_every=2", "--checkpoint_every=2", "--verbose=0"]
@@ -42,7 +42,7 @@ def _hand_made():
 @pytest.mark.one_backend
 def test_group_means_on_hand_made_numbers():
     values = _hand_made()
-    means = runner.group_means(values)
+    means = vtab.group_means(values)
     assert means["natural"] == (40.0, 7, 7)
     assert means["specialized"] == (2.5, 4, 4)
     assert means["structured"] == (53.5, 8, 8)
@@ -51,13 +51,13 @@ def test_group_means_on_hand_made_numbers():
     assert means["mean"][0] == pytest.approx((280.0 + 10.0 + 428.0) / 19)
     # Paper names work too; missing tasks are left out and counted.
     partial = {vtab.get_task(k).name: v for k, v in values.items() if k not in ("dtd", "pets", "kitti_distance")}
-    means = runner.group_means(partial)
+    means = vtab.group_means(partial)
     assert means["natural"] == (pytest.approx((280.0 - 30.0 - 50.0) / 5), 5, 7)
     assert means["structured"] == (pytest.approx((428.0 - 55.0) / 7), 7, 8)  # KITTI-Dist is 55
     assert means["mean"][1] == 16
     # The paper's own Table 9 means.
     for model in vtab.PAPER_MODELS:
-        paper = runner.group_means(vtab.paper_results(model))
+        paper = vtab.group_means(vtab.paper_results(model))
         assert abs(paper["mean"][0] - vtab.PAPER_MEANS[model]) < 0.05
 
 
@@ -141,18 +141,19 @@ class _CountFits(keras.callbacks.Callback):
 @pytest.fixture(scope="module")
 def smoke_runs(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("vtab")
-    real_fit = classifier.fit_one
+    real_train = train.train
     stubbed = {}
 
-    def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, **kwargs):
+    def fake_train(config, run_dir, setup, **kwargs):
         key = os.path.basename(os.path.dirname(run_dir))
+        assert config.dataset == f"vtab:{key}" and (config.train_split, config.test_split) == ("train800val200", "test")
         if key in REAL_TASKS:
-            return real_fit(config, run_dir=run_dir, setup=setup, train_data=train_data, eval_data=eval_data,
-                            num_classes=num_classes, **kwargs)
-        images, labels = next(iter(train_data(4)))
-        assert images.shape == (4, 16, 16, 3) and labels.shape == (4, num_classes)
+            return real_train(config, run_dir, setup, **kwargs)
+        data = inputs.load_data(config, run_dir)
+        images, labels = next(iter(data.train(4)))
+        assert images.shape == (4, 16, 16, 3) and labels.shape == (4, data.num_classes)
         # Evaluation batches come padded to 8 with weight-0 rows.
-        batches = [(np.asarray(y), np.asarray(w)) for _, y, w in eval_data(8)]
+        batches = [(np.asarray(y), np.asarray(w)) for _, y, w in data.eval(8)]
         assert all(len(w) == 8 for _, w in batches)
         labels = np.concatenate([y[w > 0] for y, w in batches])
         accuracy = float(np.mean(labels.argmax(-1) == 0))  # "always class 0"
@@ -160,7 +161,7 @@ def smoke_runs(tmp_path_factory):
         return {"accuracy": accuracy, "eval_examples": len(labels), "steps": config.total_steps}
 
     runner_fit = pytest.MonkeyPatch()
-    runner_fit.setattr(classifier, "fit_one", fit_one)
+    runner_fit.setattr(train, "train", fake_train)
     _CrashDtd.crashed = False
     try:
         first = runner.main(SMOKE + [f"--run_dir={run_dir}"], callbacks=[_CrashDtd()])
@@ -198,7 +199,7 @@ def test_interrupted_task_resumes_and_finished_ones_are_skipped(smoke_runs):
     assert counter.classes == [47]  # only DTD trained again
     rows = {r["task"]: r for r in second["rows"]}
     assert rows["dtd"]["status"] == "done" and rows["dtd"]["steps"] == 4
-    result = skeleton.read_json(str(run_dir / "tasks" / "dtd" / "final" / "result.json"))
+    result = rundir.read_json(str(run_dir / "tasks" / "dtd" / "final" / "result.json"))
     assert result["resumed_from_step"] == 2 and result["steps"] == 4
     for key, row in rows.items():
         if key != "dtd":
@@ -217,7 +218,7 @@ def test_outputs_csv_json_markdown_and_chart(smoke_runs):
     ours = _ours_row(markdown)
     accuracies = {r["task"]: r["accuracy"] for r in second["rows"]}
     assert ours[1:20] == [f"{accuracies[t.key]:.1f}" for t in vtab.TASKS]
-    means = runner.group_means(accuracies)
+    means = vtab.group_means(accuracies)
     assert ours[20:] == [f"{means[g][0]:.1f}" for g in ("natural", "specialized", "structured", "mean")]
     png = (run_dir / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -229,22 +230,19 @@ def test_augreg_sweep_choices(tmp_path, monkeypatch):
     train800val200 and evaluated on test (training stubbed)."""
     splits, fits = [], []
 
-    def task_data(config, task, train_split, eval_split):
-        splits.append((task.key, train_split, eval_split))
-        return (lambda b: None), (lambda b: None)
-
-    def fit_one(config, *, run_dir, setup, train_data, eval_data, num_classes, **kwargs):
+    def fake_train(config, run_dir, setup, **kwargs):
+        splits.append((config.dataset, config.train_split, config.test_split))
         fits.append((config.learning_rate, config.total_steps, config.warmup_steps))
         score = 0.9 if (config.learning_rate, config.total_steps) == (0.003, 2500) else 0.5
         return {"accuracy": score, "eval_examples": 200, "steps": config.total_steps}
 
-    monkeypatch.setattr(runner, "task_data", task_data)
-    monkeypatch.setattr(classifier, "fit_one", fit_one)
+    monkeypatch.setattr(train, "train", fake_train)
     outcome = runner.main([
         "--smoke", "--config=augreg", "--tasks=kitti_distance", f"--run_dir={tmp_path}",
         "--lr_grid=0.001,0.003,0.01,0.03", "--steps_grid=500,2500", "--warmup_grid=100,200",
     ])
-    assert splits == [("kitti_distance", "train800", "val200")] * 8 + [("kitti_distance", "train800val200", "test")]
+    task = "vtab:kitti_distance"
+    assert splits == [(task, "train800", "val200")] * 8 + [(task, "train800val200", "test")]
     assert fits[:8] == [(lr, s, w) for s, w in ((500, 100), (2500, 200)) for lr in (0.001, 0.003, 0.01, 0.03)]
     assert fits[8] == (0.003, 2500, 200)
     row = outcome["rows"][0]
@@ -260,5 +258,5 @@ def test_docs_paper_group_means_match_the_table():
     assert len(rows) == 3
     for line in rows:
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        means = runner.group_means(vtab.paper_results(cells[0].removesuffix(", paper")))
+        means = vtab.group_means(vtab.paper_results(cells[0].removesuffix(", paper")))
         assert cells[1:] == [f"{means[g][0]:.1f}" for g in ("natural", "specialized", "structured", "mean")]

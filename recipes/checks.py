@@ -1,0 +1,266 @@
+"""Everything a run checks before any work, and its set-up.
+
+A bad value is an expected failure (`RecipeError`: one `error:` line naming
+the flag and the value) raised before any data is read or model built; the
+library's own checks are used where they exist. Also here: the library's
+defaults filled in (`library=True` fields), the seeds, dtype policy and
+distribution (`set_up`), and `--deterministic`.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import math
+import os
+
+from recipes.cli import RecipeError
+from recipes.cli import parse_bool
+from recipes.configs import AUGREG
+from recipes.configs import FIGURE_FORMATS
+from recipes.configs import LOSSES
+from recipes.configs import MOMENT_DTYPES
+from recipes.configs import MPP_QUANTIZATIONS
+from recipes.configs import MPP_TARGETS
+from recipes.configs import OPTIMIZERS
+from recipes.configs import PIPELINES
+from recipes.configs import MppConfig
+
+
+def choice(config, field, choices):
+    """`config.<field>` must be one of `choices`."""
+    value = getattr(config, field)
+    if value not in choices:
+        raise RecipeError(f"--{field} must be one of {list(choices)}. Received: --{field}={value}")
+    return value
+
+
+def auto_bool(config, field):
+    """`config.<field>` (`--cache`, `--jit_compile`) as "auto", True or False."""
+    text = str(getattr(config, field)).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        return parse_bool(text)
+    except argparse.ArgumentTypeError:
+        return choice(config, field, ("auto", "true", "false"))  # Raises.
+
+
+def _choices():
+    """The fields with a fixed set of values: the library's lists where the
+    library has one (a decay shape added there is valid at once)."""
+    from keras_vit.data.pipelines import FINETUNE_AUGMENTATIONS
+    from keras_vit.training.schedules import DECAY_TYPES
+
+    return {
+        "decay_type": DECAY_TYPES, "augmentation": FINETUNE_AUGMENTATIONS, "optimizer": tuple(OPTIMIZERS),
+        "accumulator_dtype": MOMENT_DTYPES, "first_moment_dtype": MOMENT_DTYPES, "loss": LOSSES,
+        "pipeline": PIPELINES, "augreg": tuple(AUGREG), "target": MPP_TARGETS, "quantization": MPP_QUANTIZATIONS,
+        "format": FIGURE_FORMATS,
+    }
+
+
+def check(config):
+    """Every check of a training config that needs no data."""
+    from recipes import inputs
+
+    fill_library_defaults(config)
+    check_fields(config)
+    check_model(config)
+    if config.total_steps:
+        check_schedule(config)
+    if isinstance(config, MppConfig):
+        if not config.dataset:
+            raise RecipeError("give --dataset: a tfds name, a folder of images, or synthetic (or --smoke).")
+        if len(config.image_size) not in (1, 2):
+            raise RecipeError(f"--image_size takes one or two ints. Received: --image_size={config.image_size}")
+        if config.image_size[0] != config.image_size[-1] and config.dataset != "synthetic":
+            raise RecipeError(f"--image_size must be square for --dataset={config.dataset}. "
+                              f"Received: --image_size={','.join(map(str, config.image_size))}")
+        return
+    if config.pipeline == "pretrain" and (config.augmentation != "inception_crop" or config.batch_augmentation):
+        raise RecipeError(
+            "the pretrain pipeline is big_vision's inception crop (with --augreg's RandAugment and mixup): use "
+            "--pipeline=finetune for another --augmentation or --batch_augmentation. Received: --pipeline=pretrain, "
+            f"--augmentation={config.augmentation}, --batch_augmentation={config.batch_augmentation}")
+    if config.augreg != "none" and config.pipeline != "pretrain":
+        raise RecipeError(f"AugReg presets come with --pipeline=pretrain. Received: --augreg={config.augreg}, "
+                          f"--pipeline={config.pipeline}")
+    if config.sweep:
+        if len(config.steps_grid) != len(config.warmup_grid):
+            raise RecipeError("--warmup_grid needs one warmup per entry of steps_grid. Received: "
+                              f"--steps_grid={config.steps_grid}, --warmup_grid={config.warmup_grid}")
+        for steps, warmup in zip(config.steps_grid, config.warmup_grid):
+            check_schedule(config.replace(total_steps=steps, warmup_steps=warmup))
+    inputs.augmentation_layers(config.batch_augmentation)  # a bad name fails before any data is read
+
+
+def check_fields(config):
+    """Every number within its field's interval (`Config.check`), and the
+    fields with a fixed set of values."""
+    try:
+        config.check()
+    except ValueError as error:
+        raise RecipeError(str(error)) from None
+    choices = _choices()
+    for field in dataclasses.fields(config):
+        if field.name in choices and getattr(config, field.name) is not None:
+            choice(config, field.name, choices[field.name])
+        elif field.name in ("cache", "jit_compile"):
+            auto_bool(config, field.name)
+
+
+def fill_library_defaults(config):
+    """Sets each `library=True` field left None to the default of the
+    optimizer function of `--optimizer` for the keyword of the same name;
+    a value given for a keyword that function does not take is refused."""
+    if not any(field.metadata.get("library") for field in dataclasses.fields(config)):
+        return
+    path = OPTIMIZERS[choice(config, "optimizer", OPTIMIZERS)]
+    module, name = path.rsplit(".", 1)
+    parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    for field in dataclasses.fields(config):
+        if not field.metadata.get("library"):
+            continue
+        value = getattr(config, field.name)
+        if field.name in parameters and value is None:
+            setattr(config, field.name, parameters[field.name].default)
+        elif field.name not in parameters and value is not None:
+            raise RecipeError(f"--{field.name} is not an option of {path} (--optimizer={config.optimizer}). "
+                              f"Received: --{field.name}={value}")
+
+
+def log_interval(log_every, total_steps):
+    """The updates per Keras epoch: `--log_every`, lowered until it divides
+    `total_steps` (Keras epochs have a fixed size)."""
+    interval = min(log_every, total_steps)
+    while total_steps % interval:
+        interval -= 1
+    return interval
+
+
+def check_schedule(config):
+    """The step settings of one training run."""
+    total, warmup = config.total_steps, config.warmup_steps
+    for name in ("total_steps", "batch_size", "accum_steps", "log_every", "checkpoint_every"):
+        value = getattr(config, name)
+        if not isinstance(value, int) or value <= 0:
+            raise RecipeError(f"--{name} must be a positive int. Received: --{name}={value!r}")
+    if config.batch_size % config.accum_steps:
+        raise RecipeError(
+            "--batch_size must be a multiple of --accum_steps (micro-batch = batch_size / accum_steps). "
+            f"Received: --batch_size={config.batch_size}, --accum_steps={config.accum_steps}")
+    if not 0 <= warmup < total:
+        raise RecipeError(f"--warmup_steps must be in [0, total_steps={total}). Received: --warmup_steps={warmup}")
+    log_every = log_interval(config.log_every, total)
+    eval_every = 0 if isinstance(config, MppConfig) else config.eval_every
+    if eval_every and eval_every % log_every:
+        raise RecipeError(f"--eval_every must be a multiple of log_every={log_every}. Received: --eval_every={eval_every}")
+
+
+def steps_from_epochs(epochs, num_examples, batch_size):
+    """round(epochs * examples / batch), at least 1."""
+    return max(1, int(round(epochs * num_examples / batch_size)))
+
+
+def check_batches(config, setup):
+    """Every batch must split evenly over the replicas, said before any work
+    with a value that works."""
+    replicas, accum = setup.num_replicas, config.accum_steps
+    micro = config.batch_size // accum
+    if micro % replicas:
+        step = accum * replicas
+        fix = max(step, math.ceil(config.batch_size / step) * step)
+        raise RecipeError(
+            f"--batch_size={config.batch_size} with --accum_steps={accum} gives micro-batches of {micro}, which do "
+            f"not split over the {replicas} replicas of distribution {setup.mode!r}: use --batch_size={fix} (a "
+            f"multiple of accum_steps x replicas = {step}).")
+    eval_batch = None if isinstance(config, MppConfig) else config.eval_batch_size
+    if eval_batch is not None and eval_batch % replicas:
+        raise RecipeError(
+            f"--eval_batch_size={eval_batch} does not split over the {replicas} replicas of distribution "
+            f"{setup.mode!r}: use --eval_batch_size={math.ceil(eval_batch / replicas) * replicas}.")
+
+
+def check_model(config):
+    """The variant name of `--model` (None for a custom model); an unknown
+    one is refused."""
+    from keras_vit import variants
+
+    if config.model is None:
+        return None
+    try:
+        return variants.resolve_variant(config.model)[0]
+    except ValueError as error:
+        raise RecipeError(f"--model={config.model}: {error}") from None
+
+
+def hidden_size(config):
+    """The width of the configured model, without building it."""
+    from keras_vit import variants
+
+    if "hidden_size" in config.model_overrides:
+        return int(config.model_overrides["hidden_size"])
+    if config.model is None:
+        return int(variants.DEFAULTS["hidden_size"])
+    return int(variants.resolve_variant(config.model)[1]["hidden_size"])
+
+
+def inherited_dropout_warning(config):
+    """The dropout a run trains with where it may surprise: a custom model
+    that takes a named config's dropout, or a `dropout_rate` in
+    `--model_overrides` that wins over another `--dropout_rate`."""
+    override = config.model_overrides.get("dropout_rate")
+    if override is not None:
+        if config.dropout_rate is not None and override != config.dropout_rate:
+            return (f"warning: --model_overrides sets dropout_rate={override}, which wins over "
+                    f"--dropout_rate={config.dropout_rate:g} (the config's or the flag's).")
+        return None
+    if config.model is None and config.dropout_rate:
+        return (f"warning: the custom model (--model=none) trains with this config's dropout_rate="
+                f"{config.dropout_rate:g}; pass --dropout_rate=0 to train without dropout.")
+    return None
+
+
+def set_up(config):
+    """Seeds, dtype policy and the distribution, its replicas checked
+    against the batches; returns the `keras_vit.distribute.DistributionSetup`."""
+    import keras
+
+    from keras_vit import distribute
+
+    if config.deterministic:
+        enable_determinism()
+    keras.utils.set_random_seed(config.seed)
+    try:
+        keras.config.set_dtype_policy(config.dtype_policy)
+    except ValueError as error:
+        raise RecipeError(f"--dtype_policy={config.dtype_policy}: {error}") from None
+    try:
+        setup = distribute.get_distribution(config.distribution)
+    except (ValueError, RuntimeError) as error:
+        raise RecipeError(f"--distribution={config.distribution}: {error}") from None
+    check_batches(config, setup)
+    return setup
+
+
+def enable_determinism():
+    """`--deterministic`: reruns give the same weights bit for bit, also
+    where the defaults do not (docs/recipes.md). The pipelines' own draws
+    are stateless; Keras layers given as `--batch_augmentation` draw from
+    stateful generators, which TensorFlow's op determinism makes tf.data
+    call in order. It also picks deterministic GPU kernels for TensorFlow's
+    ops, as PyTorch's switch does for its own; XLA on CPU and TPU (JAX) is
+    deterministic as it is. A process-wide switch: it stays on."""
+    import keras
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # cuBLAS is deterministic only with a fixed workspace (PyTorch's
+        # "Reproducibility" notes); read when the first CUDA matmul runs.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False

@@ -1,0 +1,210 @@
+"""The training data of a run, from its config: a tfds dataset, an image
+folder, a VTAB task (`vtab:<task>`) or, for masked patch prediction,
+synthetic images; and `--smoke`'s stand-ins.
+
+The batches come from the library's pipelines (`keras_vit.data`);
+evaluation batches are padded to full weighted batches (`pad_to_batch`).
+"""
+
+import collections
+import contextlib
+import json
+import os
+
+from recipes import checks
+from recipes.cli import RecipeError
+from recipes.configs import AUGREG
+from recipes.configs import MppConfig
+
+VTAB_PREFIX = "vtab:"
+# `train(micro_batch)`: repeating training batches; `eval(batch)`: one
+# padded pass, or None; `num_classes`: None for images without labels.
+Data = collections.namedtuple(
+    "Data", "train eval num_classes input_shape train_examples line description eval_label")
+
+
+def _is_folder(dataset):
+    return os.sep in dataset or dataset.startswith((".", "~", "gs://")) or os.path.isdir(dataset)
+
+
+def load_source(config, split, class_names=None):
+    """A `keras_vit.data.DataSource` for one split of `config.dataset`: a
+    tfds dataset (any split string) or `<folder>/<split>/<class>/<image>`;
+    `class_names`, the training split's, for an evaluation folder."""
+    from keras_vit import data
+
+    dataset = config.dataset
+    if _is_folder(dataset):
+        folder = os.path.join(os.path.expanduser(dataset), split)
+        if not dataset.startswith("gs://") and not os.path.isdir(folder):
+            raise RecipeError(f"no folder {folder} (--dataset={dataset}, split {split!r}).")
+        try:
+            return data.from_directory(folder, class_names=class_names, skip_bad_images=config.skip_bad_images)
+        except ValueError as error:
+            raise RecipeError(f"--dataset={dataset}: {error}") from None
+    try:
+        return data.from_tfds(dataset, split, data_dir=config.data_dir, download=config.download,
+                              manual_dir=config.manual_dir)
+    except data.DatasetNotAvailableError as error:
+        raise RecipeError(str(error)) from None
+
+
+def _describe(label, split, source):
+    size = f"{source.num_examples:,} examples" if source.num_examples else "size unknown"
+    skipped = f", {len(source.skipped)} unreadable files skipped" if source.skipped else ""
+    return f"{label} {split!r} ({size}, {source.num_classes} classes{skipped})"
+
+
+def load_data(config, run_dir):
+    """The run's `Data`."""
+    from keras_vit import data
+    from keras_vit.data import testing
+    from keras_vit.data import vtab
+
+    if not config.dataset:
+        raise RecipeError(
+            "this config needs a dataset: a tfds name or a folder with one sub-folder per split (e.g. train/ and "
+            f"val/), each holding one sub-folder of images per class. Pass --dataset=... Received: "
+            f"--dataset={config.dataset}")
+    cache, seed = checks.auto_bool(config, "cache"), config.seed
+    training = dict(training=True, shuffle_buffer=config.shuffle_buffer, seed=seed)
+    if isinstance(config, MppConfig):
+        height, width = config.image_size[0], config.image_size[-1]
+        shape = (height, width, 3)
+        if config.dataset == "synthetic":
+            cycle = config.synthetic_batches or config.log_every * config.accum_steps
+            testing.write_sample_images(os.path.join(run_dir, "samples"), 8, height, width, seed)
+            return Data(lambda b: testing.SyntheticImages(b, cycle, height, width, seed,
+                                                          fresh=not config.synthetic_batches),
+                        None, None, shape, None, f"  data: synthetic colour fields, {height}x{width} px", {}, None)
+        source = load_source(config, config.train_split)
+        # Images only, through the paper's pre-training crops.
+        return Data(lambda b: data.pretrain_pipeline(source, batch_size=b, image_size=height, cache=cache, **training).map(
+            lambda images, labels: images), None, None, shape, source.num_examples,
+            "  data: " + _describe("train", config.train_split, source), {}, None)
+
+    size, test_split = config.image_size, config.test_split
+    if config.dataset.startswith(VTAB_PREFIX):
+        try:
+            task = vtab.get_task(config.dataset[len(VTAB_PREFIX):])
+        except ValueError as error:
+            raise RecipeError(f"--dataset={config.dataset}: {error}") from None
+        common = dict(image_size=size, data_dir=config.data_dir, download=config.download,
+                      manual_dir=config.manual_dir, cache=cache)
+        return Data(
+            lambda b: vtab.vtab_pipeline(task, config.train_split, batch_size=b, augmentation=config.augmentation,
+                                         **training, **common),
+            (lambda b: vtab.vtab_pipeline(task, test_split, batch_size=b, training=False, pad_to_batch=True,
+                                          **common)) if test_split else None,
+            task.num_classes, (size, size, 3), None,
+            f"  data: VTAB {task.name}, train {config.train_split!r}, evaluation {test_split!r}",
+            dict(num_classes=task.num_classes, train_split=config.train_split, eval_split=test_split),
+            f"{task.name} {test_split}")
+    train_source = load_source(config, config.train_split)
+    eval_source = load_source(config, test_split, class_names=train_source.class_names) if test_split else None
+    if eval_source is not None and eval_source.num_classes != train_source.num_classes:
+        raise RecipeError(
+            f"the splits have different class counts ({train_source.num_classes} in {config.train_split!r}, "
+            f"{eval_source.num_classes} in {test_split!r}). Received: --dataset={config.dataset}")
+    if config.pipeline == "pretrain":
+        randaugment, mixup_alpha = AUGREG[config.augreg]
+        pipeline = data.pretrain_pipeline
+        augment = dict(randaugment=randaugment, mixup_alpha=mixup_alpha)
+    else:
+        pipeline = data.finetune_pipeline
+        augment = dict(augmentation=config.augmentation, flip=config.flip,
+                       batch_augmentation=augmentation_layers(config.batch_augmentation))
+
+    def train_batches(batch_size):
+        try:
+            return pipeline(train_source, batch_size=batch_size, image_size=size, cache=cache, **augment, **training)
+        except ValueError as error:  # a layer that cannot run there, found as the pipeline is built
+            if "batch_augmentation" not in str(error):
+                raise
+            raise RecipeError(f"--batch_augmentation={config.batch_augmentation}: {error}") from None
+
+    def eval_batches(batch_size):
+        return pipeline(eval_source, training=False, batch_size=batch_size, image_size=size, cache=cache,
+                        pad_to_batch=True)
+
+    parts = [_describe("train", config.train_split, train_source)]
+    if eval_source is not None:
+        parts.append(_describe("evaluation", test_split, eval_source))
+    return Data(train_batches, eval_batches if eval_source is not None else None, train_source.num_classes,
+                (size, size, 3), train_source.num_examples, "  data: " + ", ".join(parts),
+                dict(num_classes=train_source.num_classes, train_split=config.train_split, eval_split=test_split,
+                     train_examples=train_source.num_examples), repr(test_split))
+
+
+def augmentation_layers(text):
+    """`--batch_augmentation` as a list of Keras layers, or None (off):
+    comma-separated `keras.layers` class names built with their defaults
+    (`RandAugment,MixUp`), or a JSON list of serialized layers (`{"class_name":
+    ..., "config": {...}}`; with a `"module"`, e.g. a registered custom layer,
+    deserialized as Keras does)."""
+    if text is None:
+        return None
+    import keras
+
+    flag = f"--batch_augmentation={text}"
+    if text.lstrip().startswith("["):
+        try:
+            specs = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise RecipeError(f"{flag}: not a JSON list ({error})") from None
+    else:
+        specs = [{"class_name": name.strip()} for name in text.split(",") if name.strip()]
+    layers = []
+    for spec in specs:
+        if not (isinstance(spec, dict) and "class_name" in spec):
+            raise RecipeError(f'{flag}: each entry must be {{"class_name": ..., "config": {{...}}}}. '
+                              f"Received: {json.dumps(spec)}")
+        try:
+            if "module" in spec:
+                layers.append(keras.saving.deserialize_keras_object(spec))
+                continue
+            cls = getattr(keras.layers, spec["class_name"], None) if isinstance(spec["class_name"], str) else None
+            if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
+                raise RecipeError(f"{flag}: unknown Keras layer {spec['class_name']!r} (a class of keras.layers, "
+                                  "e.g. RandAugment, MixUp, CutMix)")
+            # float32 pixels whatever --dtype_policy says (the pipeline requires it).
+            layers.append(cls.from_config({"dtype": "float32", **(spec.get("config") or {})}))
+        except (TypeError, ValueError) as error:
+            if isinstance(error, RecipeError):
+                raise
+            raise RecipeError(f"{flag}: {error}") from None
+    return layers or None
+
+
+@contextlib.contextmanager
+def smoke_mode(config, smoke):
+    """`--smoke`: on JAX, XLA without its optimisation passes (they cost
+    more than they save on tiny models); a tfds dataset replaced by
+    generated examples (`keras_vit.data.testing.mock_tfds`)."""
+    if not smoke:
+        yield
+        return
+    import keras
+
+    jax_config = None
+    if keras.backend.backend() == "jax":
+        import jax
+
+        jax_config, before = jax.config, jax.config.read("jax_disable_most_optimizations")
+        jax_config.update("jax_disable_most_optimizations", True)
+    try:
+        if config.dataset and _is_folder(config.dataset):
+            yield
+            return
+        from keras_vit.data import testing
+
+        with testing.mock_tfds() as manual_dir:
+            previous = config.manual_dir
+            config.manual_dir = previous or manual_dir
+            try:
+                yield
+            finally:
+                config.manual_dir = previous
+    finally:
+        if jax_config is not None:
+            jax_config.update("jax_disable_most_optimizations", before)
