@@ -61,6 +61,10 @@ class BackupAndResume(keras.callbacks.Callback):
     `backup_dir`: a lock file (an OS lock, released when the process ends,
     even by SIGKILL) refuses a second one.
 
+    Where checkpoints land on epoch ends, `restore(model, ...)` before
+    `fit` loads the state and returns the epoch to pass as
+    `fit(initial_epoch=...)`: the resume then uses public Keras alone.
+
     `keras.callbacks.BackupAndRestore` differs: it restarts the interrupted
     epoch from its first batch (extra steps), deletes its backup when `fit`
     ends, and may save a state whose loss is already NaN.

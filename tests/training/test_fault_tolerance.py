@@ -587,6 +587,57 @@ def test_resume_restores_the_random_state(tmp_path):
     assert saved is not None and training.callbacks._global_seed_state() == saved
 
 
+def test_restore_then_fit_initial_epoch_resumes_through_public_keras(tmp_path, monkeypatch):
+    """Issue 22: `restore` loads an epoch-end checkpoint before `fit` and
+    returns the epoch; `fit(initial_epoch=...)` resumes from it with no
+    private seam (the train function is never swapped, `_initial_epoch`
+    never written) and ends identical to the uninterrupted run, random
+    state included. A mid-epoch checkpoint is refused, lock released."""
+    directory, copy = tmp_path / "backup", tmp_path / "after_epoch_0"
+
+    class CopyAfterEpoch0(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if self.epoch == 1 and batch == 0:
+                shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.lock"))
+
+    reference = _small_model()
+    reference.fit(SMALL_X, SMALL_Y, batch_size=4, epochs=2, shuffle=False, verbose=0,
+                  callbacks=[training.BackupAndResume(directory, save_freq="epoch"), CopyAfterEpoch0()])
+    resumed = _small_model()
+    backup = training.BackupAndResume(copy, save_freq="epoch")
+    monkeypatch.setattr(training.callbacks, "_set_initial_epoch", None)  # any call fails
+    monkeypatch.setattr(backup, "_wrap_train_function", None)
+    steps_per_epoch = len(SMALL_X) // 4
+    initial_epoch = backup.restore(resumed, epochs=2, steps_per_epoch=steps_per_epoch)
+    assert initial_epoch == 1 and backup.resumed_from["step"] == 2
+    assert not _lock_is_free(copy)  # held from `restore` until `fit` ends
+    history = resumed.fit(SMALL_X, SMALL_Y, batch_size=4, epochs=2, initial_epoch=initial_epoch, shuffle=False,
+                          verbose=0, callbacks=[backup])
+    assert history.epoch == [1] and _lock_is_free(copy)
+    assert int(keras.ops.convert_to_numpy(resumed.optimizer.iterations)) == 4
+    for a, b in zip(resumed.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert training.BackupAndResume(tmp_path / "empty").restore(
+        _small_model(), epochs=2, steps_per_epoch=steps_per_epoch) == 0
+    # A checkpoint of step 1, mid-epoch (batch 1 of 2; the run then
+    # crashed): refused by `restore`, its lock released.
+    mid = tmp_path / "mid"
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            raise RuntimeError("crash")
+
+    with pytest.raises(RuntimeError, match="crash"):
+        _small_model().fit(SMALL_X, SMALL_Y, batch_size=4, epochs=1, shuffle=False, verbose=0,
+                           callbacks=[training.BackupAndResume(mid, save_freq=1), Crash()])
+    with pytest.raises(ValueError, match=r"written mid-epoch \(batch 1 of epoch 0\)"):
+        training.BackupAndResume(mid).restore(_small_model(), epochs=1, steps_per_epoch=steps_per_epoch)
+    assert _lock_is_free(mid)
+
+
 # --- Private Keras seams: fail loudly when Keras changes them ----------------
 
 
