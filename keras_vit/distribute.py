@@ -515,3 +515,26 @@ def set_backend_rng_state(states):
     torch.set_rng_state(cpu)
     if gpus:
         torch.cuda.set_rng_state_all(gpus)
+
+
+def enable_determinism():
+    """Makes reruns give the same weights bit for bit, also where the
+    defaults do not: input pipelines with stateful random layers (Keras'
+    preprocessing layers in tf.data: TensorFlow's op determinism makes
+    tf.data call them one batch at a time, in order), and GPU kernels
+    (TensorFlow's ops pick deterministic kernels; on PyTorch,
+    `torch.use_deterministic_algorithms(True)` with the fixed cuBLAS
+    workspace it needs). XLA on CPUs and TPUs is deterministic as it is;
+    for JAX on GPUs set XLA's own flag in `XLA_FLAGS` before starting
+    (docs/recipes.md). A process-wide switch: it stays on."""
+    import tensorflow as tf
+
+    tf.config.experimental.enable_op_determinism()
+    if keras.backend.backend() == "torch":
+        import torch
+
+        # cuBLAS is deterministic only with a fixed workspace (PyTorch's
+        # "Reproducibility" notes); read when the first CUDA matmul runs.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False

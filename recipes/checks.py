@@ -4,7 +4,7 @@ A bad value is an expected failure (`RecipeError`: one `error:` line naming
 the flag and the value) raised before any data is read or model built; the
 library's own checks are used where they exist. Also here: the library's
 defaults filled in (`library=True` fields), the seeds, dtype policy and
-distribution (`set_up`), and `--deterministic`.
+distribution (`set_up`).
 """
 
 import argparse
@@ -12,7 +12,6 @@ import dataclasses
 import importlib
 import inspect
 import math
-import os
 
 from recipes.cli import RecipeError
 from recipes.cli import parse_bool
@@ -229,8 +228,8 @@ def set_up(config):
 
     from keras_vit import distribute
 
-    if config.deterministic:
-        enable_determinism()
+    if config.deterministic:  # docs/recipes.md, "Reproducible runs"
+        distribute.enable_determinism()
     keras.utils.set_random_seed(config.seed)
     try:
         keras.config.set_dtype_policy(config.dtype_policy)
@@ -242,25 +241,3 @@ def set_up(config):
         raise RecipeError(f"--distribution={config.distribution}: {error}") from None
     check_batches(config, setup)
     return setup
-
-
-def enable_determinism():
-    """`--deterministic`: reruns give the same weights bit for bit, also
-    where the defaults do not (docs/recipes.md). The pipelines' own draws
-    are stateless; Keras layers given as `--batch_augmentation` draw from
-    stateful generators, which TensorFlow's op determinism makes tf.data
-    call in order. It also picks deterministic GPU kernels for TensorFlow's
-    ops, as PyTorch's switch does for its own; XLA on CPU and TPU (JAX) is
-    deterministic as it is. A process-wide switch: it stays on."""
-    import keras
-    import tensorflow as tf
-
-    tf.config.experimental.enable_op_determinism()
-    if keras.backend.backend() == "torch":
-        import torch
-
-        # cuBLAS is deterministic only with a fixed workspace (PyTorch's
-        # "Reproducibility" notes); read when the first CUDA matmul runs.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False

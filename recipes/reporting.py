@@ -1,6 +1,5 @@
-"""What the trainer attaches to `compile` and `fit`: metrics over the real
-examples of padded batches, progress in updates, TensorBoard when it is
-installed, the throughput timer.
+"""What the trainer attaches to `fit`: progress in updates, TensorBoard
+when it is installed, the throughput timer.
 
 Imports Keras at the top: `recipes.train` imports this module inside its
 functions, after the flags are parsed, so that `--help` stays fast.
@@ -14,38 +13,6 @@ import keras
 # Metrics kept in the logs but not shown.
 HIDDEN_METRICS = ("examples",)
 _WARNED = []
-
-
-class ExampleCount(keras.metrics.Metric):
-    """Counts the evaluated examples (weights summed)."""
-
-    def __init__(self, name="examples", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.total = self.add_variable(shape=(), initializer="zeros", name="total", dtype="float32")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        ops = keras.ops
-        count = ops.shape(y_true)[0] if sample_weight is None else ops.sum(ops.cast(sample_weight, "float32"))
-        self.total.assign_add(ops.cast(count, "float32"))
-
-    def result(self):
-        return keras.ops.cast(self.total, "float32")
-
-    def reset_state(self):
-        self.total.assign(0.0)
-
-
-def metrics(loss):
-    """The weighted metrics of a classifier: accuracy, the example count,
-    and the loss as a metric named `loss`. Evaluation batches are padded
-    with weight-0 rows (`pad_to_batch`); Keras' own loss tracker averages
-    batch losses weighted by the padded batch size, so padding would shrink
-    `val_loss`; this metric averages over the real examples, and Keras
-    reports compiled metrics after its tracker, so it is the logs' `loss`
-    (pinned by tests/recipes/test_recipes.py). Training batches are
-    unweighted: the same number as the tracker's."""
-    return [keras.metrics.CategoricalAccuracy(name="accuracy"), ExampleCount(),
-            keras.metrics.MeanMetricWrapper(lambda y_true, y_pred: loss.call(y_true, y_pred), name="loss")]
 
 
 def tensorboard(log_dir):

@@ -125,7 +125,7 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
         else:
             loss = (training.SigmoidCrossEntropy if config.loss == "sigmoid" else training.SoftmaxCrossEntropy)(
                 label_smoothing=config.label_smoothing)
-            model.compile(optimizer=optimizer, loss=loss, weighted_metrics=reporting.metrics(loss), **compile_options)
+            model.compile(optimizer=optimizer, loss=loss, weighted_metrics=training.padded_batch_metrics(loss), **compile_options)
         if config.verbose:
             print("\n".join([
                 *header, data.line, f"  model: {model.name}, {model.count_params():,} parameters",

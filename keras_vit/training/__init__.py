@@ -1,8 +1,9 @@
 """Training the paper's way with `model.fit`: schedules, optimizers, losses,
-fault-tolerant checkpoints. See `docs/training.md`."""
+metrics for padded evaluation batches, fault-tolerant checkpoints. See `docs/training.md`."""
 
 from keras_vit.training.callbacks import BackupAndResume
 from keras_vit.training.callbacks import CheckpointWriteError
+from keras_vit.training.metrics import ExampleCount, padded_batch_metrics
 from keras_vit.training.losses import (
     SIGMOID_HEAD_BIAS_INIT,
     SigmoidCrossEntropy,
@@ -22,6 +23,7 @@ __all__ = [
     "BackupAndResume",
     "CheckpointWriteError",
     "DecoupledAdam",
+    "ExampleCount",
     "MomentumSGD",
     "SIGMOID_HEAD_BIAS_INIT",
     "SigmoidCrossEntropy",
@@ -29,5 +31,6 @@ __all__ = [
     "WarmupDecay",
     "finetuning_optimizer",
     "kernel_variables",
+    "padded_batch_metrics",
     "pretraining_optimizer",
 ]

@@ -695,3 +695,26 @@ def test_mixed_precision_training_step(policy, loss_tol, update_tol, float32_ste
     for got, want, before, path in zip(model.get_weights(), trained, start, paths):
         if path != NO_GRADIENT:
             assert_close_rel(got - before, want - before, tol=update_tol, what=path)
+
+
+def test_padded_batch_metrics_count_the_real_examples_only():
+    """5 examples padded to a batch of 8 with weight-0 rows: `loss`,
+    `accuracy` and `examples` are those of the 5, where Keras' own loss
+    tracker would average over the 8 rows."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 3)).astype("float32")
+    y = np.eye(4, dtype="float32")[rng.integers(0, 4, 8)]
+    weights = np.array([1, 1, 1, 1, 1, 0, 0, 0], "float32")
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    loss = training.SoftmaxCrossEntropy()
+    model.compile("sgd", loss=loss, weighted_metrics=training.padded_batch_metrics(loss))
+    padded = model.evaluate(x, y, sample_weight=weights, batch_size=8, verbose=0, return_dict=True)
+    logits = keras.ops.convert_to_numpy(model(x[:5])).astype("float64")
+    log_softmax = logits - logits.max(-1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
+    want = -(y[:5] * log_softmax).sum(-1).mean()
+    assert padded["loss"] == pytest.approx(want, rel=1e-5)
+    assert padded["accuracy"] == pytest.approx(np.mean(logits.argmax(-1) == y[:5].argmax(-1)))
+    assert padded["examples"] == 5.0
+    assert model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)["examples"] == 8.0
