@@ -77,14 +77,15 @@ def check(config):
             raise RecipeError(f"--image_size must be square for --dataset={config.dataset}. "
                               f"Received: --image_size={','.join(map(str, config.image_size))}")
         return
-    if config.pipeline == "pretrain" and (config.augmentation != "inception_crop" or config.batch_augmentation):
-        raise RecipeError(
-            "the pretrain pipeline is big_vision's inception crop (with --augreg's RandAugment and mixup): use "
-            "--pipeline=finetune for another --augmentation or --batch_augmentation. Received: --pipeline=pretrain, "
-            f"--augmentation={config.augmentation}, --batch_augmentation={config.batch_augmentation}")
-    if config.augreg != "none" and config.pipeline != "pretrain":
-        raise RecipeError(f"AugReg presets come with --pipeline=pretrain. Received: --augreg={config.augreg}, "
-                          f"--pipeline={config.pipeline}")
+    big_vision = config.pipeline == "pretrain" and config.augmentation == "inception_crop"
+    if config.augreg != "none" and not big_vision:
+        raise RecipeError("AugReg presets (RandAugment, mixup) come with the pretrain pipeline's inception crop. "
+                          f"Received: --augreg={config.augreg}, --pipeline={config.pipeline}, "
+                          f"--augmentation={config.augmentation}")
+    if config.batch_augmentation and big_vision:
+        raise RecipeError("--batch_augmentation runs in the finetune pipeline (or with another --augmentation); "
+                          "the pretrain pipeline's augmentation is --augreg. Received: --pipeline=pretrain, "
+                          f"--batch_augmentation={config.batch_augmentation}")
     if config.sweep:
         if len(config.steps_grid) != len(config.warmup_grid):
             raise RecipeError("--warmup_grid needs one warmup per entry of steps_grid. Received: "

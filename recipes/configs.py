@@ -185,7 +185,7 @@ class TrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     label_smoothing: float = arg(0.0, "label smoothing", valid="[0, 1)")
     pipeline: str = arg(
         "finetune", "input pipeline: finetune (vit_jax's: --augmentation, --flip, --batch_augmentation) or pretrain "
-        "(big_vision's: inception crop, flip, --augreg's RandAugment and mixup)")
+        "(big_vision's inception crop, flip, --augreg's RandAugment and mixup; other --augmentation: finetune's)")
     augmentation: str = arg("inception_crop", "finetune pipeline's training crop: inception_crop (vit_jax), resize_crop "
                                               "(paper/BiT: 448 -> 384) or resize")
     flip: bool = arg(True, "finetune pipeline: random horizontal flips at training")

@@ -106,7 +106,9 @@ def load_data(config, run_dir):
         raise RecipeError(
             f"the splits have different class counts ({train_source.num_classes} in {config.train_split!r}, "
             f"{eval_source.num_classes} in {test_split!r}). Received: --dataset={config.dataset}")
-    if config.pipeline == "pretrain":
+    # big_vision's pre-training crops; other crops (small images) take the
+    # fine-tuning pipeline's.
+    if config.pipeline == "pretrain" and config.augmentation == "inception_crop":
         randaugment, mixup_alpha = AUGREG[config.augreg]
         pipeline = data.pretrain_pipeline
         augment = dict(randaugment=randaugment, mixup_alpha=mixup_alpha)

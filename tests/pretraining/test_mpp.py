@@ -230,10 +230,10 @@ def test_short_run_then_finetune_from_checkpoint(tmp_path):
 
     # Fine-tuning starts from the encoder: a normal classifier loads it.
     classifier = keras_vit.ViT(
-        None, input_shape=recipe["SMOKE_INPUT_SHAPE"], num_classes=3, weights=result["encoder"],
+        None, input_shape=recipe["SMOKE_INPUT_SHAPE"], num_classes=3, weights=result["encoder_npz"],
         **recipe["SMOKE_MODEL"],
     )
-    pretrained = checkpoint_variables(result["model"].backbone)
+    pretrained = checkpoint_variables(keras.saving.load_model(result["backbone_keras"]))
     loaded = checkpoint_variables(classifier)
     assert set(loaded) - set(pretrained) == {"head/kernel", "head/bias"}
     for key, variable in pretrained.items():

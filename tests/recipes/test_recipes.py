@@ -899,11 +899,17 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
         (vtab.main, "--augmentation=crop", "['inception_crop', 'resize_crop', 'resize']"),
         (vtab.main, "--decay_type=cosinus", "['cosine', 'linear']"),
         (demo.main, "--jit_compile=maybe", "['auto', 'true', 'false']"),
+        (finetune.main, "--optimizer=rmsprop", "['sgd', 'adam']"),
+        (pretrain.main, "--pipeline=augreg", "['finetune', 'pretrain']"),
     ]
     for main, flag, choices in bad_values:
         name, value = flag.split("=")
         err = _error(main, ["--smoke", run, flag], capsys)
         assert err == f"error: {name} must be one of {choices}. Received: {flag}\n", (main, err)
+    assert "AugReg presets (RandAugment, mixup) come with the pretrain pipeline's inception crop" in _error(
+        pretrain.main, ["--smoke", run, "--augreg=medium1", "--augmentation=resize"], capsys)
+    assert "--momentum is not an option of keras_vit.training.pretraining_optimizer" in _error(
+        pretrain.main, ["--smoke", run, "--momentum=0.5"], capsys)
     # Refused before any work: no training, no VTAB task, no demo data.
     assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json"]
     # A batch that does not split over the replicas: said before any work,
