@@ -42,3 +42,9 @@ def freeze_sublayers_if_frozen(layer, sublayers):
     if not layer.trainable:
         for sublayer in sublayers:
             sublayer.trainable = False
+
+
+# The name Keras gives a `keras.random.SeedGenerator`'s state variable: no
+# public accessor lists a layer's generators (remat restarts them from their
+# states, resume saves them; a private seam, docs/training.md).
+SEED_STATE = "seed_generator_state"

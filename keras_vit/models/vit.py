@@ -103,6 +103,7 @@ def ViT(
     posemb_interpolation="linear",
     include_preprocessing=False,
     allow_nonfinite=False,
+    remat=False,
     **overrides,
 ):
     """Builds a Vision Transformer (Dosovitskiy et al., ICLR 2021).
@@ -143,6 +144,10 @@ def ViT(
             raw images.
         allow_nonfinite: bool. Load `weights` holding NaN or infinite values
             instead of refusing them (see `keras_vit.load_weights`).
+        remat: bool. Gradient checkpointing per encoder block (`keras.remat`):
+            training keeps one block's activations instead of all of them,
+            for about a third more compute; the same numbers. Kept by
+            `.keras` save and load. Defaults to False.
         **overrides: any field of the variant table (`patch_size`,
             `hidden_size`, `mlp_dim`, `num_heads`, `num_layers`,
             `dropout_rate`, `attention_dropout_rate`, `classifier`,
@@ -252,6 +257,7 @@ def ViT(
             dropout_rate=fields["dropout_rate"],
             attention_dropout_rate=fields["attention_dropout_rate"],
             drop_path_rate=drop_path,
+            remat=remat,
             name=f"encoderblock_{i}",
         )(x)
     x = keras.layers.LayerNormalization(

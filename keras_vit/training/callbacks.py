@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from keras_vit import distribute
+from keras_vit.layers.utils import SEED_STATE
 from keras_vit.training import locks
 
 _POINTER = "checkpoint.json"
@@ -18,7 +19,6 @@ _LOCK = "backup.lock"
 _FORMAT = 2
 # The only names the callback writes (and so the only ones it deletes).
 _WEIGHTS_NAME = re.compile(r"step-\d{12}\.weights\.h5\Z")
-_SEED_STATE = "seed_generator_state"  # the name Keras gives a SeedGenerator's state
 _FIELDS = {
     "format": int, "weights": str, "step": int, "epoch": int, "batch": int,
     "steps_per_epoch": (int, type(None)), "epochs": (int, type(None)),
@@ -543,7 +543,7 @@ def _first_difference(saved, now, where):
 def _seed_states(model):
     """The state variables of the model's `keras.random.SeedGenerator`s
     (dropout, drop-path), in a fixed order. `save_weights` leaves them out."""
-    return [v for v in model.variables if v.name == _SEED_STATE]
+    return [v for v in model.variables if v.name == SEED_STATE]
 
 
 def _state(variable):

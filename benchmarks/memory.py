@@ -1,0 +1,184 @@
+"""Peak memory of one compiled training step, from the compiler's own
+accounting (XLA's buffer assignment, through JAX), for the models users
+fine-tune: which model, resolution and batch fits in 16, 40 or 80 GB.
+
+    KERAS_BACKEND=jax python benchmarks/memory.py               # the table of docs/performance.md
+    KERAS_BACKEND=jax python benchmarks/memory.py --smoke       # seconds: a tiny model
+    KERAS_BACKEND=jax python benchmarks/memory.py --check-rss   # the figure against a process's peak RSS
+
+For each case it builds the model, the paper's fine-tuning optimizer (SGD
+momentum, bfloat16 buffer) and Keras' own JAX training step
+(`model.train_step`, the function `fit` compiles), lowers it for abstract
+inputs and reads `compile().memory_analysis()`: arguments (weights,
+optimizer state, the batch) + outputs + temporaries - what the outputs
+reuse of the arguments (the state is donated, as `fit` does). Nothing runs,
+so it works for ViT-H/14 at 384 px on a CPU. Memory grows linearly with the
+batch: each case is compiled at two micro-batches and the line gives the
+largest micro-batch under each budget (checked against a third compile).
+XLA's buffer assignment for a GPU or TPU differs from the CPU's in its
+details (fusion, layouts); the figures are the CPU compiler's.
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+GIB = 2**30
+BUDGETS_GB = (16, 40, 80)
+MODELS = {"Ti/16": "ViT-Ti_16", "S/16": "ViT-S_16", "B/16": "ViT-B_16", "L/16": "ViT-L_16", "H/14": "ViT-H_14"}
+MODES = ("full", "lora", "linear_probe")
+
+
+def step_bytes(variant, image_size, batch, *, mode="full", dtype="float32", remat=False, num_classes=1000,
+               overrides=None):
+    """The compiler's peak bytes of one training step, and its parts."""
+    import jax
+    import keras
+
+    import keras_vit
+    from keras_vit import training
+
+    keras.config.set_dtype_policy("mixed_bfloat16" if dtype == "bfloat16" else "float32")
+    try:
+        model = keras_vit.ViT(variant, input_shape=(image_size, image_size, 3), num_classes=num_classes,
+                              remat=remat, **(overrides or {}))
+        if mode == "lora":
+            keras_vit.enable_lora(model, rank=8)
+        elif mode == "linear_probe":
+            keras_vit.freeze_backbone(model)
+        loss = training.SoftmaxCrossEntropy()
+        model.compile(optimizer=training.finetuning_optimizer(0.01, 1000), loss=loss)
+        model.optimizer.build(model.trainable_variables)
+        model.make_train_function()  # builds the metrics' variables as fit does
+
+        def abstract(variables):
+            return [jax.ShapeDtypeStruct(v.shape, v.value.dtype) for v in variables]
+
+        state = (abstract(model.trainable_variables), abstract(model.non_trainable_variables),
+                 abstract(model.optimizer.variables), abstract(model.metrics_variables))
+        data = (jax.ShapeDtypeStruct((batch, image_size, image_size, 3), "float32"),
+                jax.ShapeDtypeStruct((batch, num_classes), "float32"))
+        compiled = jax.jit(model.train_step, donate_argnums=0).lower(state, data).compile()
+        stats = compiled.memory_analysis()
+        parts = {name: int(getattr(stats, f"{name}_size_in_bytes")) for name in ("argument", "output", "alias", "temp")}
+        parts["peak"] = parts["argument"] + parts["output"] - parts["alias"] + parts["temp"]
+        parts["parameters"] = int(model.count_params())
+        parts["trainable"] = int(sum(int(__import__("numpy").prod(v.shape)) for v in model.trainable_variables))
+        return parts
+    finally:
+        keras.config.set_dtype_policy("float32")
+        keras.backend.clear_session()
+
+
+def fit_line(sizes):
+    """`(bytes at batch 0, bytes per example)` from `{batch: bytes}`."""
+    (b0, m0), (b1, m1) = sorted(sizes.items())[:2]
+    slope = (m1 - m0) / (b1 - b0)
+    return m0 - slope * b0, slope
+
+
+def largest_batch(base, per_example, budget_gb):
+    if base >= budget_gb * GIB:
+        return 0
+    return int((budget_gb * GIB - base) // per_example)
+
+
+def measure(cases, batches, check_batch=None):
+    rows = []
+    for model_name, image_size, mode, dtype, remat in cases:
+        start = time.perf_counter()
+        sizes = {b: step_bytes(MODELS.get(model_name, model_name), image_size, b, mode=mode, dtype=dtype,
+                               remat=remat) for b in batches}
+        base, per_example = fit_line({b: s["peak"] for b, s in sizes.items()})
+        row = dict(model=model_name, image_size=image_size, mode=mode, dtype=dtype, remat=remat,
+                   parameters=sizes[batches[0]]["parameters"], trainable=sizes[batches[0]]["trainable"],
+                   fixed_gib=base / GIB, per_example_mib=per_example / 2**20,
+                   peak_gib={b: s["peak"] / GIB for b, s in sizes.items()},
+                   largest_batch={f"{g} GB": largest_batch(base, per_example, g) for g in BUDGETS_GB})
+        if check_batch:
+            actual = step_bytes(MODELS.get(model_name, model_name), image_size, check_batch, mode=mode,
+                                dtype=dtype, remat=remat)["peak"]
+            row["linearity_error"] = abs(base + per_example * check_batch - actual) / actual
+        row["seconds"] = time.perf_counter() - start
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def markdown(rows):
+    lines = ["| model | px | mode | dtype | remat | trainable | fixed (GiB) | per image (MiB) | "
+             + " | ".join(f"max batch {g} GB" for g in BUDGETS_GB) + " |",
+             "|---" * (8 + len(BUDGETS_GB)) + "|"]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['image_size']} | {r['mode']} | {r['dtype']} | {'on' if r['remat'] else 'off'} | "
+            f"{r['trainable'] / 1e6:.1f}M | {r['fixed_gib']:.2f} | {r['per_example_mib']:.0f} | "
+            + " | ".join(str(r["largest_batch"][f"{g} GB"]) for g in BUDGETS_GB) + " |")
+    return "\n".join(lines)
+
+
+def check_rss(variant, image_size, batch, remat):
+    """Runs the step for real in this process: the compiler's peak against
+    the growth of the process's peak RSS over the step (CPU memory is the
+    device memory here)."""
+    import resource
+
+    import jax
+    import keras
+    import numpy as np
+
+    import keras_vit
+    from keras_vit import training
+
+    predicted = step_bytes(variant, image_size, batch, remat=remat)
+    model = keras_vit.ViT(variant, input_shape=(image_size, image_size, 3), num_classes=1000, remat=remat)
+    model.compile(optimizer=training.finetuning_optimizer(0.01, 1000), loss=training.SoftmaxCrossEntropy())
+    x = np.zeros((batch, image_size, image_size, 3), "float32")
+    y = np.eye(1000, dtype="float32")[np.zeros(batch, int)]
+    model.train_on_batch(x[:1], y[:1])  # compiles another shape; weights and state now allocated
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    model.train_on_batch(x, y)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"variant": variant, "image_size": image_size, "batch": batch, "remat": remat,
+            "compiler_temp_gib": predicted["temp"] / GIB, "rss_growth_gib": (after - before) / GIB,
+            "jax": jax.__version__, "keras": keras.__version__}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="a tiny custom model, seconds")
+    parser.add_argument("--check-rss", action="store_true", help="compare with a real step's peak RSS")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--sizes", default="224,384")
+    parser.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    import keras
+
+    if keras.backend.backend() != "jax":
+        sys.exit("error: the compiler's memory accounting is read through JAX: run with KERAS_BACKEND=jax")
+    if args.check_rss:
+        print(json.dumps(check_rss("ViT-B_16", 224, 32, remat=False)))
+        return None
+    if args.smoke:
+        MODELS["tiny"] = "testing"
+        cases = [("tiny", 32, mode, dtype, remat) for mode in MODES for dtype in ("float32", "bfloat16")
+                 for remat in (False, True)]
+        rows = measure(cases, (2, 4), check_batch=8)
+    else:
+        cases = [(m, s, mode, dtype, remat) for m in args.models.split(",") for s in map(int, args.sizes.split(","))
+                 for dtype in ("float32", "bfloat16") for remat in (False, True) for mode in MODES]
+        rows = measure(cases, (8, 16), check_batch=None)
+    print(markdown(rows))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "machine": platform.processor() or platform.machine(),
+                       "command": "KERAS_BACKEND=jax python benchmarks/memory.py " + " ".join(argv or sys.argv[1:])},
+                      f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
