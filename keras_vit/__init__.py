@@ -17,6 +17,7 @@ if tuple(int(part) for part in _re.findall(r"\d+", _keras.__version__)[:2]) < MI
 from keras_vit import distribute, layers, training
 from keras_vit.class_names import decode_predictions
 from keras_vit.finetuning import freeze_backbone, reset_head
+from keras_vit.lora import enable_lora, load_lora, merge_lora, save_lora
 # `ViT`, `get_model` and the constructors (`ViTB16`, `R50ViTB16`, ...), one
 # per row of `keras_vit.variants.CONSTRUCTORS`.
 from keras_vit.models.vit import *  # noqa: E402, F403
@@ -28,7 +29,7 @@ from keras_vit.weights import export_npz, load_weights
 __version__ = "0.1.0"
 
 __all__ = [
-    *_builders, "available_weights", "decode_predictions", "distribute", "export_npz",
-    "freeze_backbone", "layers", "list_models", "load_weights", "preprocess_input", "reset_head",
-    "training", "weights",
+    *_builders, "available_weights", "decode_predictions", "distribute", "enable_lora", "export_npz",
+    "freeze_backbone", "layers", "list_models", "load_lora", "load_weights", "merge_lora", "preprocess_input",
+    "reset_head", "save_lora", "training", "weights",
 ]

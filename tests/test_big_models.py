@@ -113,3 +113,137 @@ def test_remat_fit_with_accumulation_and_save_load(tmp_path):
                                rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="`remat` must be a bool. Received: remat='yes'"):
         _model("yes")
+
+
+# --- LoRA ---------------------------------------------------------------------
+
+
+def _fit(model, x, y, steps=2):
+    model.compile(optimizer=training.finetuning_optimizer(0.5, steps, warmup_steps=0),
+                  loss=training.SoftmaxCrossEntropy())
+    model.fit(x, y, batch_size=len(x) // steps, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def _numpy(model):
+    return {v.path: keras.ops.convert_to_numpy(v).copy() for v in model.weights}
+
+
+def test_lora_trains_the_adapters_and_the_head_only(tmp_path):
+    """`enable_lora`: adapters on query and value by default (Keras'
+    `enable_lora`), everything else frozen but the head; after `fit`, only
+    the adapters and the head changed. Merged == adapted; the adapter file
+    round-trips onto the base model, and is small."""
+    x, y = _batch(8, seed=2)
+    model = _model(False)
+    base = _numpy(model)
+    keras_vit.enable_lora(model, rank=2)
+    trainable = sorted(v.path for v in model.trainable_weights)
+    adapters = [p for p in trainable if "lora_kernel" in p]
+    assert len(adapters) == 2 * 2 * 2  # 2 blocks x (query, value) x (A, B)
+    assert all("/query/" in p or "/value/" in p for p in adapters)
+    assert sorted(set(trainable) - set(adapters)) == ["head/bias", "head/kernel"]
+    # B starts at zero: the adapted model is the base model.
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), _forward(base, x), rtol=1e-6, atol=1e-6)
+    _fit(model, x, y)
+    after = _numpy(model)
+    for path, value in base.items():
+        if path.startswith("head/") or "seed_generator" in path:
+            continue
+        np.testing.assert_array_equal(after[path], value, err_msg=path)  # the frozen base, kernels included
+    assert not np.array_equal(after["head/kernel"], base["head/kernel"])
+    assert any(np.abs(after[p]).max() > 0 for p in adapters if p.endswith("lora_kernel_b"))
+    adapted = keras.ops.convert_to_numpy(model(x))
+    # Merge for export: no adapter variables, the same logits.
+    merged = keras_vit.merge_lora(model)
+    assert not any("lora" in v.path for v in merged.weights) and len(merged.weights) == len(base)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(merged(x)), adapted, rtol=1e-5, atol=1e-6)
+    assert len(merged.trainable_weights) == len([v for v in merged.weights if "seed_generator" not in v.path])
+    # The adapters and the head alone, onto a fresh base model.
+    path = keras_vit.save_lora(model, str(tmp_path / "adapters.npz"))
+    assert os.path.getsize(path) < 0.5 * sum(v.nbytes for v in base.values())
+    fresh = keras_vit.enable_lora(_model(False), rank=2)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_vit.load_lora(fresh, path)(x)), adapted,
+                               rtol=1e-6, atol=1e-6)
+
+
+def _forward(weights, x):
+    model = _model(False)
+    for variable in model.weights:
+        variable.assign(weights[variable.path])
+    return keras.ops.convert_to_numpy(model(x))
+
+
+def test_lora_targets_and_errors(tmp_path):
+    model = keras_vit.enable_lora(_model(False), rank=3, targets=("key", "output", "mlp"), alpha=6)
+    layers = keras_vit.lora.lora_layers(model)
+    assert [layer.path.split("/")[-1] for layer in layers[:4]] == ["key", "attention_output", "Dense_0", "Dense_1"]
+    assert all(layer.lora_rank == 3 and layer.lora_alpha == 6 for layer in layers) and len(layers) == 8
+    for rank in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match=f"`rank` must be a positive int. Received: rank={rank!r}"):
+            keras_vit.enable_lora(_model(False), rank=rank)
+    with pytest.raises(ValueError, match="`targets` must be names from"):
+        keras_vit.enable_lora(_model(False), rank=2, targets=("query", "qkv"))
+    features = keras.Model(*(lambda i: (i, keras.layers.Dense(3, name="head")(i)))(keras.Input((4,))))
+    with pytest.raises(ValueError, match="match no layer of model"):
+        keras_vit.enable_lora(features, rank=2)
+    with pytest.raises(ValueError, match="LoRA is already enabled"):
+        keras_vit.enable_lora(model, rank=2)
+    with pytest.raises(ValueError, match="has no LoRA adapters"):
+        keras_vit.merge_lora(_model(False))
+    # A file of other adapters, or no file of ours, is refused: nothing changes.
+    path = keras_vit.save_lora(model, str(tmp_path / "a.npz"))
+    other = keras_vit.enable_lora(_model(False), rank=2)
+    before = _numpy(other)
+    with pytest.raises(ValueError, match="holds adapters with rank=3; this model has rank=2"):
+        keras_vit.load_lora(other, path)
+    np.save(tmp_path / "b.npy", np.zeros(3))
+    with pytest.raises(ValueError, match="Cannot read the LoRA file"):
+        keras_vit.load_lora(other, str(tmp_path / "b.npy"))
+    with open(tmp_path / "c.npz", "wb") as f:
+        f.write(open(path, "rb").read()[:200])
+    with pytest.raises(ValueError, match="Cannot read the LoRA file"):
+        keras_vit.load_lora(other, str(tmp_path / "c.npz"))
+    for key, value in _numpy(other).items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)
+
+
+def test_lora_training_resumes_exactly(tmp_path):
+    """Keras writes an adapted kernel merged and leaves the adapters out of
+    the weights file; `BackupAndResume` keeps the adapted layers' own
+    variables beside it, so a run resumed after epoch 0 ends bit for bit
+    as the uninterrupted one (base kernels untouched, adapters trained)."""
+    x, y = _batch(8, seed=4)
+    directory, copy = tmp_path / "backup", tmp_path / "after_epoch_0"
+
+    class CopyAfterEpoch0(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 1:
+                self.copy_next = True
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if getattr(self, "copy_next", False):
+                import shutil
+
+                shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.lock"))
+                self.copy_next = False
+
+    def run(backup_dir, callbacks=()):
+        model = keras_vit.enable_lora(_model(False), rank=2, targets=("query", "value", "mlp"))
+        model.compile(optimizer=training.finetuning_optimizer(0.5, 4, warmup_steps=0),
+                      loss=training.SoftmaxCrossEntropy())
+        backup = training.BackupAndResume(backup_dir, save_freq="epoch")
+        initial_epoch = backup.restore(model, epochs=2, steps_per_epoch=2)
+        model.fit(x, y, batch_size=4, epochs=2, initial_epoch=initial_epoch, shuffle=False, verbose=0,
+                  callbacks=[backup, *callbacks])
+        return model, backup
+
+    reference, _ = run(directory, [CopyAfterEpoch0()])
+    assert sorted(os.listdir(copy)) == ["checkpoint.json", "step-000000000002.lora.npz",
+                                        "step-000000000002.weights.h5"]
+    resumed, backup = run(copy)
+    assert backup.resumed_from["step"] == 2 and backup.resumed_from["lora"] == "step-000000000002.lora.npz"
+    for a, b in zip(reference.weights, resumed.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), err_msg=a.path)
+    assert sorted(os.listdir(copy)) == ["backup.lock", "checkpoint.json", "step-000000000004.lora.npz",
+                                        "step-000000000004.weights.h5"]

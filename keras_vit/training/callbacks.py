@@ -19,6 +19,10 @@ _LOCK = "backup.lock"
 _FORMAT = 2
 # The only names the callback writes (and so the only ones it deletes).
 _WEIGHTS_NAME = re.compile(r"step-\d{12}\.weights\.h5\Z")
+# LoRA layers' own variables, beside the weights file: Keras writes an
+# adapted layer's kernel merged with its adapters and leaves the adapters
+# out, so resuming from the weights file alone would lose them.
+_LORA_NAME = re.compile(r"step-\d{12}\.lora\.npz\Z")
 _FIELDS = {
     "format": int, "weights": str, "step": int, "epoch": int, "batch": int,
     "steps_per_epoch": (int, type(None)), "epochs": (int, type(None)),
@@ -28,7 +32,7 @@ _FIELDS = {
 }
 # Fields a checkpoint of an older keras_vit may lack: `backend` (the Keras
 # backend that wrote it) was added without a format change.
-_OPTIONAL_FIELDS = {"backend": str}
+_OPTIONAL_FIELDS = {"backend": str, "lora": str}
 
 
 class CheckpointWriteError(OSError):
@@ -182,11 +186,12 @@ class BackupAndResume(keras.callbacks.Callback):
         try:
             metadata = self._write(model, step, weights)
         except (OSError, RuntimeError) as error:  # h5py reports a full disk as either
-            for name in (f".tmp-{weights}", f".tmp-{_POINTER}"):
+            for name in (f".tmp-{weights}", f".tmp-{_POINTER}", f".tmp-{_lora_file(weights)}"):
                 _remove(os.path.join(self.backup_dir, name))
             kept = (self._last_saved or {}).get("weights")
             if kept != weights:  # written, but the pointer still names the old one
                 _remove(os.path.join(self.backup_dir, weights))
+                _remove(os.path.join(self.backup_dir, _lora_file(weights)))
             full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
             reason = "the disk is full" if full else f"{type(error).__name__}: {str(error).splitlines()[0]}"
             raise CheckpointWriteError(
@@ -195,7 +200,7 @@ class BackupAndResume(keras.callbacks.Callback):
                 f"run the same command again to resume from it. Received: backup_dir={self.backup_dir!r}"
             ) from None
         for name in os.listdir(self.backup_dir):  # older ones, and orphans of a kill
-            if _WEIGHTS_NAME.match(name) and name != weights:
+            if (_WEIGHTS_NAME.match(name) or _LORA_NAME.match(name)) and name not in (weights, _lora_file(weights)):
                 _remove(os.path.join(self.backup_dir, name))
         self._last_saved = metadata
 
@@ -207,6 +212,12 @@ class BackupAndResume(keras.callbacks.Callback):
         temporary = os.path.join(self.backup_dir, f".tmp-{weights}")
         model.save_weights(temporary, overwrite=True)
         os.replace(temporary, path)
+        lora = _lora_variables(model)
+        if lora:
+            temporary = os.path.join(self.backup_dir, f".tmp-{_lora_file(weights)}")
+            with open(temporary, "wb") as f:
+                np.savez(f, **{v.path: keras.ops.convert_to_numpy(v) for v in lora})
+            os.replace(temporary, os.path.join(self.backup_dir, _lora_file(weights)))
         metadata = {
             "format": _FORMAT,
             "weights": weights,
@@ -220,6 +231,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "global_seed_state": _global_seed_state(),
             "torch_rng_states": distribute.backend_rng_state(),
             "backend": keras.backend.backend(),
+            **({"lora": _lora_file(weights)} if lora else {}),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
         with open(temporary, "w", encoding="utf-8") as f:
@@ -290,6 +302,8 @@ class BackupAndResume(keras.callbacks.Callback):
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         _load_checked_step(model, os.path.join(self.backup_dir, metadata["weights"]), metadata["step"])
+        if metadata.get("lora"):
+            _load_lora_variables(model, os.path.join(self.backup_dir, metadata["lora"]))
         for variable, value in zip(_seed_states(model), metadata["seed_states"]):
             variable.assign(np.asarray(value, dtype=variable.dtype))
         if metadata["global_seed_state"] is not None:
@@ -456,7 +470,8 @@ class BackupAndResume(keras.callbacks.Callback):
         if not self._is_writer() or not os.path.isdir(self.backup_dir):
             return
         for name in os.listdir(self.backup_dir):
-            own = _WEIGHTS_NAME.match(name[5:] if name.startswith(".tmp-") else name)
+            bare = name[5:] if name.startswith(".tmp-") else name
+            own = _WEIGHTS_NAME.match(bare) or _LORA_NAME.match(bare)
             if own or name in (_POINTER, f".tmp-{_POINTER}"):
                 _remove(os.path.join(self.backup_dir, name))
         _release_lock(self.backup_dir)
@@ -588,6 +603,34 @@ def _set_initial_epoch(model, epoch):
     model._initial_epoch = epoch
 
 
+def _lora_file(weights):
+    return weights.replace(".weights.h5", ".lora.npz")
+
+
+def _lora_variables(model):
+    """The variables of the LoRA-adapted layers (kernel as stored, bias,
+    adapters), found from the adapters' names (`keras_vit.enable_lora`)."""
+    layers = {v.path.rsplit("/", 1)[0] for v in model.weights
+              if v.path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")}
+    return [v for v in model.weights if v.path.rsplit("/", 1)[0] in layers]
+
+
+def _load_lora_variables(model, path):
+    """Puts the LoRA layers' own variables back after `load_weights` (which
+    wrote the merged kernels into them)."""
+    variables = {v.path: v for v in _lora_variables(model)}
+    try:
+        with np.load(path) as stored:
+            arrays = {key: stored[key] for key in stored.files}
+    except (OSError, ValueError, EOFError, KeyError) as error:
+        raise ValueError(f"The checkpoint's LoRA file {path} cannot be read ({error}). Received: lora={path!r}") from None
+    if set(arrays) != set(variables):
+        raise ValueError(f"The checkpoint's LoRA file {path} holds other layers' variables than this model's "
+                         f"adapted ones. Received: {sorted(arrays)[:3]}")
+    for key, value in arrays.items():
+        variables[key].assign(value)
+
+
 # --- Validation of checkpoint.json -------------------------------------------
 
 
@@ -608,6 +651,8 @@ def _validate(metadata, path):
             fail(f"`{key}` has the wrong type. Received: {key}={_short(value)}")
     if metadata["format"] != _FORMAT:
         fail(f"format {metadata['format']} is not {_FORMAT}")
+    if "lora" in metadata and not _LORA_NAME.match(metadata["lora"]):
+        fail(f"`lora` must name a step-N.lora.npz file inside the directory. Received: lora={metadata['lora']!r}")
     if not _WEIGHTS_NAME.match(metadata["weights"]):
         fail(
             "`weights` must name a step-N.weights.h5 file inside the directory. "

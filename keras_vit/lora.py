@@ -1,0 +1,179 @@
+"""LoRA fine-tuning (Hu et al., 2021, "LoRA: Low-Rank Adaptation of Large
+Language Models") through Keras' own `Dense`/`EinsumDense.enable_lora`.
+
+`enable_lora(model, rank)` adds a trainable low-rank update `W + (alpha /
+rank) * A @ B` (B starts at zero: the adapted model starts as the base one)
+to the attention projections of every encoder block, query and value by
+default as keras-hub does, and freezes everything else but the head.
+`save_lora`/`load_lora` write and read the adapters and the head alone (a
+small `.npz`), to put on the base checkpoint again; `merge_lora` folds the
+adapters into the kernels for export.
+"""
+
+import json
+import os
+import tempfile
+import zipfile
+
+import keras
+import numpy as np
+
+from keras_vit.layers.encoder_block import TransformerEncoderBlock
+
+# The sub-layers LoRA can adapt in each encoder block: the attention's
+# query, key, value and output projections (Keras' MultiHeadAttention
+# EinsumDense layers) and the MLP's two Dense layers.
+TARGETS = ("query", "key", "value", "output", "mlp")
+DEFAULT_TARGETS = ("query", "value")
+_FORMAT = 1
+_LORA_NAMES = ("lora_kernel_a", "lora_kernel_b")
+
+
+def _target_layers(block, target):
+    attention = block.attention
+    return {
+        "query": [attention.query_dense], "key": [attention.key_dense], "value": [attention.value_dense],
+        "output": [attention.output_dense], "mlp": [block.mlp.dense_0, block.mlp.dense_1],
+    }[target]
+
+
+def _blocks(model):
+    return [layer for layer in model.layers if isinstance(layer, TransformerEncoderBlock)]
+
+
+def _is_adapter(variable):
+    return variable.path.rsplit("/", 1)[-1] in _LORA_NAMES
+
+
+def _head_layer(model):
+    try:
+        return model.get_layer("head")
+    except ValueError:
+        return None
+
+
+def lora_layers(model):
+    """The layers of `model` with LoRA enabled, in order."""
+    return [layer for block in _blocks(model) for target in TARGETS for layer in _target_layers(block, target)
+            if getattr(layer, "lora_enabled", False)]
+
+
+def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
+    """Adds LoRA adapters to `model`'s encoder blocks and freezes the rest
+    but the head (`head`), in place.
+
+    Args:
+        model: a keras_vit ViT or hybrid (built).
+        rank: int > 0, the rank of the update `A @ B`.
+        targets: names from `TARGETS`: `"query"`, `"key"`, `"value"`,
+            `"output"` (the attention projections) and `"mlp"` (both MLP
+            layers). Defaults to query and value.
+        alpha: the update's scale is `alpha / rank`. Defaults to `rank`
+            (a scale of 1, Keras' default).
+
+    Returns:
+        `model`, whose trainable weights are the adapters and the head.
+    """
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+        raise ValueError(f"`rank` must be a positive int. Received: rank={rank!r}")
+    targets = (targets,) if isinstance(targets, str) else tuple(targets)
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise ValueError(f"`targets` must be names from {TARGETS}. Received: targets={targets!r}")
+    blocks = _blocks(model)
+    if not blocks:
+        raise ValueError(
+            f"`targets` {targets} match no layer of model {model.name!r}: it has no TransformerEncoderBlock. "
+            f"Received: model={model.name!r}")
+    if lora_layers(model):
+        raise ValueError(f"LoRA is already enabled on model {model.name!r} (rank "
+                         f"{lora_layers(model)[0].lora_rank}); enable it once. Received: rank={rank}")
+    for block in blocks:
+        for target in targets:
+            for layer in _target_layers(block, target):
+                layer.enable_lora(rank, lora_alpha=alpha)
+    # Keras makes each adapted kernel non-trainable; everything else but
+    # the adapters and the head is frozen here.
+    head = _head_layer(model)
+    head_variables = {id(v) for v in head.weights} if head is not None else set()
+    model.trainable = True
+    for variable in model.weights:
+        if not (_is_adapter(variable) or id(variable) in head_variables):
+            variable.trainable = False
+    return model
+
+
+def merge_lora(model):
+    """A copy of `model` with each adapter folded into its kernel (`W +
+    (alpha / rank) * A @ B`): the same logits, no adapter variables, every
+    layer trainable again. `model` is left as it was."""
+    if not lora_layers(model):
+        raise ValueError(f"Model {model.name!r} has no LoRA adapters to merge (see `enable_lora`).")
+    merged = keras.Model.from_config(model.get_config())
+    merged.trainable = True
+    for layer in merged.layers:
+        layer.trainable = True
+    # Keras writes an adapted layer's kernel merged (`save_own_variables`),
+    # and the rebuilt model's layers have no adapters.
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "merged.weights.h5")
+        model.save_weights(path)
+        merged.load_weights(path)
+    return merged
+
+
+def _lora_config(model):
+    layers = lora_layers(model)
+    return {"format": _FORMAT, "rank": layers[0].lora_rank, "alpha": layers[0].lora_alpha,
+            "adapted": [layer.path for layer in layers]}
+
+
+def save_lora(model, path):
+    """Writes the adapters and the head of `model` to `path` (`.npz`), with
+    what they fit (rank, alpha, the adapted layers); returns `path`."""
+    if not lora_layers(model):
+        raise ValueError(f"Model {model.name!r} has no LoRA adapters to save (see `enable_lora`).")
+    arrays = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_weights}
+    arrays["lora_config"] = np.array(json.dumps(_lora_config(model)))
+    tmp = f"{path}.tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+def load_lora(model, path):
+    """Loads what `save_lora` wrote onto `model`: the base checkpoint's
+    model with `enable_lora` of the same rank and targets. A file for other
+    adapters, another head or a damaged file is refused, naming the
+    difference; `model` is then unchanged."""
+    try:
+        stored = np.load(path)  # never with pickles
+        if not isinstance(stored, np.lib.npyio.NpzFile):
+            raise ValueError("not an .npz archive")
+        with stored:
+            arrays = {key: stored[key] for key in stored.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise ValueError(f"Cannot read the LoRA file {path}: {error}. Received: path={path!r}") from None
+    if "lora_config" not in arrays:
+        raise ValueError(f"{path} is not a file `save_lora` wrote (no lora_config). Received: path={path!r}")
+    saved = json.loads(str(arrays.pop("lora_config")))
+    if not lora_layers(model):
+        raise ValueError(f"Enable LoRA on model {model.name!r} first (`enable_lora(model, rank={saved['rank']})`), "
+                         f"then load {path}.")
+    mine = _lora_config(model)
+    for key in ("rank", "alpha", "adapted"):
+        if saved.get(key) != mine[key]:
+            raise ValueError(f"{path} holds adapters with {key}={saved.get(key)!r}; this model has "
+                             f"{key}={mine[key]!r}. Received: path={path!r}")
+    variables = {v.path: v for v in model.trainable_weights}
+    if set(arrays) != set(variables):
+        missing, extra = sorted(set(variables) - set(arrays)), sorted(set(arrays) - set(variables))
+        raise ValueError(f"{path} does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}. "
+                         f"Received: path={path!r}")
+    for key, value in arrays.items():
+        if tuple(value.shape) != tuple(variables[key].shape):
+            raise ValueError(f"{path}: {key} has shape {tuple(value.shape)}, the model's "
+                             f"{tuple(variables[key].shape)}. Received: path={path!r}")
+    for key, value in arrays.items():
+        variables[key].assign(value)
+    return model
