@@ -92,6 +92,16 @@ def check(config):
                               f"--steps_grid={config.steps_grid}, --warmup_grid={config.warmup_grid}")
         for steps, warmup in zip(config.steps_grid, config.warmup_grid):
             check_schedule(config.replace(total_steps=steps, warmup_steps=warmup))
+    if config.lora_rank is not None:
+        from keras_vit.lora import TARGETS
+
+        if config.linear_probe:
+            raise RecipeError("--lora_rank trains adapters in the backbone, --linear_probe freezes all of it: "
+                              f"choose one. Received: --lora_rank={config.lora_rank}, --linear_probe=true")
+        unknown = [t for t in config.lora_targets if t not in TARGETS]
+        if unknown or not config.lora_targets:
+            raise RecipeError(f"--lora_targets must be names from {list(TARGETS)}. "
+                              f"Received: --lora_targets={','.join(config.lora_targets)}")
     inputs.augmentation_layers(config.batch_augmentation)  # a bad name fails before any data is read
 
 

@@ -137,6 +137,8 @@ class ModelFields(Config):
     dropout_rate: Optional[float] = arg(None, "dropout (default: the variant's)", valid="[0, 1)")
     drop_path_rate: Optional[float] = arg(None, "stochastic depth, rising linearly to this rate (default: the variant's)",
                                           valid="[0, 1)")
+    remat: bool = arg(False, "gradient checkpointing per encoder block: training memory for about a third more "
+                             "compute, the same numbers (docs/training.md)")
 
 
 @dataclasses.dataclass(eq=True)
@@ -177,6 +179,10 @@ class TrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
         "file (e.g. the model.npz of a pretrain run); none for random")
     reset_head: bool = arg(True, "zero-initialised head (paper Sec. 3.2), also when the checkpoint's has the right size")
     linear_probe: bool = arg(False, "train the head only (keras_vit.freeze_backbone): a linear probe")
+    lora_rank: Optional[int] = arg(
+        None, "LoRA (keras_vit.enable_lora): train rank-r adapters and the head, the rest frozen; none for off",
+        valid="[1, inf)")
+    lora_targets: Tuple[str, ...] = arg(("query", "value"), "LoRA's layers: query, key, value, output, mlp")
     pre_logits: Optional[bool] = arg(
         None, "a tanh hidden layer of the model's width in the head (paper Sec. 3.1); default: the variant's")
     head_bias_init: Optional[float] = arg(
@@ -291,7 +297,7 @@ class Recipe:
     configs: dict
     smoke: dict
     summary_keys: tuple = ("accuracy", "eval_loss", "eval_examples", "steps", "learning_rate", "images_per_second",
-                           "total_wall_time_s", "model_keras", "model_npz")
+                           "total_wall_time_s", "model_keras", "model_npz", "lora_npz")
     fixed: tuple = ()  # fields the recipe sets itself: not flags
 
     @property

@@ -25,7 +25,7 @@ MARKER = ".keras_vit_run"
 # nothing else).
 RUN_ENTRIES = frozenset({
     MARKER, "config.json", "summary.json", "result.json", "history.csv", "logs", "checkpoints",
-    "model.keras", "model.npz",
+    "model.keras", "model.npz", "lora.npz",
     "sweep",  # finetune --sweep
     "tasks", "results.json", "results.csv", "report.md", "report.png",  # vtab
     "samples", "mpp.weights.h5", "encoder.npz", "backbone.keras",  # pretrain_mpp

@@ -208,7 +208,7 @@ def build_model(config, num_classes, input_shape):
     import keras_vit
     from keras_vit import pretraining
 
-    kwargs = model_kwargs(config)
+    kwargs = dict(model_kwargs(config), remat=config.remat)
     if isinstance(config, MppConfig):
         backbone = _vit(config, include_top=False, input_shape=input_shape, **kwargs)
         try:
@@ -234,6 +234,12 @@ def build_model(config, num_classes, input_shape):
     if config.linear_probe:
         keras_vit.freeze_backbone(model)
         notes.append("backbone frozen: only the head trains (linear probe).")
+    if config.lora_rank:
+        keras_vit.enable_lora(model, config.lora_rank, targets=config.lora_targets)
+        notes.append(f"LoRA rank {config.lora_rank} on {', '.join(config.lora_targets)}: "
+                     f"{sum(int(math.prod(v.shape)) for v in model.trainable_weights):,} trainable parameters.")
+    if config.remat:
+        notes.append("remat: each encoder block's activations are recomputed in the backward pass.")
     if kwargs.get("representation_size") is not None or bias:
         notes.append(f"representation_size={kwargs.get('representation_size')}, head_bias_init={bias:g}")
     return model, notes
@@ -279,7 +285,8 @@ def make_optimizer(config, model):
 
 def save_model(model, run_dir):
     """A classifier: `model.keras` (no optimizer state: resumable state
-    lives in checkpoints/) and the original-format `model.npz`. Masked
+    lives in checkpoints/) and the original-format `model.npz` (with LoRA:
+    of the merged model, and the adapters and head alone in `lora.npz`). Masked
     patch prediction: `mpp.weights.h5`, the encoder as `encoder.npz` and as
     `backbone.keras`."""
     import keras
@@ -293,12 +300,16 @@ def save_model(model, run_dir):
         backbone = os.path.join(run_dir, "backbone.keras")
         model.backbone.save(backbone)
         return {"encoder_npz": encoder, "backbone_keras": backbone}
+    files = {}
+    if keras_vit.lora.lora_layers(model):  # the adapters and head alone, then the merged model
+        files["lora_npz"] = keras_vit.save_lora(model, os.path.join(run_dir, "lora.npz"))
+        model = keras_vit.merge_lora(model)
     npz = keras_vit.export_npz(model, os.path.join(run_dir, "model.npz"))
     final = keras.Model.from_config(model.get_config())
     final.set_weights(model.get_weights())
     path = os.path.join(run_dir, "model.keras")
     final.save(path)
-    return {"model_keras": path, "model_npz": npz}
+    return {**files, "model_keras": path, "model_npz": npz}
 
 
 # ---------------------------------------------------------------------------

@@ -40,7 +40,7 @@ PY312_BACKENDS="jax tensorflow"
 # and data pipelines. The recipes, benchmarks, export, notebook and docs
 # tests need the newest tools (TensorBoard, timm, scikit-learn, onnx).
 LOWEST_TESTS="tests/models/test_models.py tests/test_anatomy.py tests/layers/test_layers.py tests/weights/test_weights.py
-  tests/models/test_hybrid.py tests/data/test_data.py tests/data/test_vtab_tasks.py
+  tests/models/test_hybrid.py tests/data/test_data.py tests/data/test_vtab_tasks.py tests/test_big_models.py
   tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py"
 # Python 3.12: the library's and the recipes' tests (not the benchmarks',
 # which compare with timm, nor the notebook's, which needs Jupyter).

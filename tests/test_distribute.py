@@ -608,9 +608,11 @@ def _run_recipe(tmp_path, env, flags, split_cpus=False):
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="tf.distribute is TensorFlow only")
 def test_finetune_recipe_mirrored_with_accumulation(tmp_path):
     summary = _run_recipe(
-        tmp_path, {"KERAS_BACKEND": "tensorflow"}, ["--distribution=mirrored"], split_cpus=True
+        tmp_path, {"KERAS_BACKEND": "tensorflow"}, ["--distribution=mirrored", "--remat", "--lora_rank=2"],
+        split_cpus=True,
     )
     assert summary["distribution"] == "mirrored" and summary["replicas"] == 2
+    assert summary["config"]["remat"] and os.path.exists(summary["lora_npz"])  # issue 23
     assert summary["accum_steps"] == 2 and summary["steps"] == summary["config"]["total_steps"]
     assert 0.0 <= summary["accuracy"] <= 1.0
 
@@ -622,7 +624,9 @@ def test_finetune_recipe_on_8_jax_devices_with_accumulation(tmp_path, mode, repl
     summary = _run_recipe(
         tmp_path,
         {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"},
-        [f"--distribution={mode}", "--batch_size=16"],
+        # Issue 23: gradient checkpointing and LoRA under both.
+        [f"--distribution={mode}", "--batch_size=16", "--remat", "--lora_rank=2"],
     )
+    assert summary["config"]["remat"] and os.path.exists(summary["lora_npz"])
     assert summary["distribution"] == mode and summary["replicas"] == replicas
     assert summary["accum_steps"] == 2 and summary["steps"] == summary["config"]["total_steps"]

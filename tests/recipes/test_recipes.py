@@ -488,6 +488,25 @@ def test_finetune_linear_probe_trains_the_head_only(tmp_path):
     # The saved model is still a linear probe (issue 21).
     saved = keras.saving.load_model(tmp_path / "b" / "model.keras", compile=False)
     assert [w.path for w in saved.trainable_weights] == ["head/kernel", "head/bias"]
+    # Issue 23, --lora_rank (with --remat): the saved model is the merged one,
+    # whose kernels changed only where adapters were (query, value) and in the
+    # head; the adapters and the head alone are in lora.npz, and load onto
+    # the starting checkpoint's model to give the merged model's logits.
+    summary = finetune.main(["--smoke", f"--run_dir={tmp_path / 'c'}", f"--weights={tmp_path / 'a' / 'model.npz'}",
+                             "--lora_rank=2", "--remat", "--learning_rate=0.3", "--verbose=0"])
+    assert "LoRA rank 2 on query, value" in " ".join(summary["notes"])
+    merged = read_npz(str(tmp_path / "c" / "model.npz"))
+    changed = sorted(k for k in start if not np.array_equal(merged[k], start[k]))
+    assert changed == ["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel",
+                       "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/value/kernel",
+                       "head/bias", "head/kernel"], changed
+    model = keras_vit.ViT(None, input_shape=(16, 16, 3), num_classes=10, weights=str(tmp_path / "a" / "model.npz"),
+                          **configs.SMOKE_MODEL)
+    keras_vit.load_lora(keras_vit.enable_lora(model, 2), summary["lora_npz"])
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 16, 16, 3)).astype("float32")
+    loaded = keras.saving.load_model(summary["model_keras"], compile=False)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(model(x)), keras.ops.convert_to_numpy(loaded(x)),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_finetune_batch_augmentation_flag(tmp_path, monkeypatch, capsys):
@@ -910,6 +929,12 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
         pretrain.main, ["--smoke", run, "--augreg=medium1", "--augmentation=resize"], capsys)
     assert "--momentum is not an option of keras_vit.training.pretraining_optimizer" in _error(
         pretrain.main, ["--smoke", run, "--momentum=0.5"], capsys)
+    assert "--lora_rank trains adapters in the backbone, --linear_probe freezes all of it" in _error(
+        finetune.main, ["--smoke", run, "--lora_rank=4", "--linear_probe"], capsys)
+    assert "--lora_targets must be names from ['query', 'key', 'value', 'output', 'mlp']" in _error(
+        vtab.main, ["--smoke", run, "--lora_rank=4", "--lora_targets=query,qkv"], capsys)
+    assert "--lora_rank must be in [1, inf). Received: --lora_rank=0" in _error(
+        finetune.main, ["--smoke", run, "--lora_rank=0"], capsys)
     # Refused before any work: no training, no VTAB task, no demo data.
     assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json"]
     # A batch that does not split over the replicas: said before any work,
