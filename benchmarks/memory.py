@@ -90,7 +90,7 @@ def measure(cases, batches, check_batch=None):
     rows = []
     for model_name, image_size, mode, dtype, remat in cases:
         start = time.perf_counter()
-        sizes = {b: step_bytes(MODELS.get(model_name, model_name), image_size, b, mode=mode, dtype=dtype,
+        sizes = {b: step_bytes(MODELS[model_name], image_size, b, mode=mode, dtype=dtype,
                                remat=remat) for b in batches}
         base, per_example = fit_line({b: s["peak"] for b, s in sizes.items()})
         row = dict(model=model_name, image_size=image_size, mode=mode, dtype=dtype, remat=remat,
@@ -99,7 +99,7 @@ def measure(cases, batches, check_batch=None):
                    peak_gib={b: s["peak"] / GIB for b, s in sizes.items()},
                    largest_batch={f"{g} GB": largest_batch(base, per_example, g) for g in BUDGETS_GB})
         if check_batch:
-            actual = step_bytes(MODELS.get(model_name, model_name), image_size, check_batch, mode=mode,
+            actual = step_bytes(MODELS[model_name], image_size, check_batch, mode=mode,
                                 dtype=dtype, remat=remat)["peak"]
             row["linearity_error"] = abs(base + per_example * check_batch - actual) / actual
         row["seconds"] = time.perf_counter() - start
@@ -168,9 +168,17 @@ def main(argv=None):
                  for remat in (False, True)]
         rows = measure(cases, (2, 4), check_batch=8)
     else:
-        cases = [(m, s, mode, dtype, remat) for m in args.models.split(",") for s in map(int, args.sizes.split(","))
-                 for dtype in ("float32", "bfloat16") for remat in (False, True) for mode in MODES]
+        models, sizes = args.models.split(","), [int(size) for size in args.sizes.split(",")]
+        # Full fine-tuning for every model; LoRA and the linear probe for the
+        # models users fine-tune on 16 GB (B/16, L/16), in float32.
+        cases = [(m, size, "full", dtype, remat) for m in models for size in sizes
+                 for dtype in ("float32", "bfloat16") for remat in (False, True)]
+        cases += [(m, size, mode, "float32", remat) for m in models if m in ("B/16", "L/16") for size in sizes
+                  for mode in MODES[1:] for remat in (False, True)]
         rows = measure(cases, (8, 16), check_batch=None)
+        # The line is checked once per model at a third batch.
+        for m in models:
+            rows += measure([(m, sizes[0], "full", "float32", False)], (8, 16), check_batch=32)
     print(markdown(rows))
     if args.out:
         with open(args.out, "w") as f:

@@ -3,6 +3,7 @@
 saves them alone, and merges for export."""
 
 import os
+import sys
 
 import keras
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit import training
-from tests.helpers import ROOT  # noqa: F401 - the suite's path set-up
+from tests.helpers import ROOT
 
 BACKEND = keras.backend.backend()
 TINY = dict(hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32, patch_size=4)
@@ -247,3 +248,39 @@ def test_lora_training_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(b), keras.ops.convert_to_numpy(a), err_msg=a.path)
     assert sorted(os.listdir(copy)) == ["backup.lock", "checkpoint.json", "step-000000000004.lora.npz",
                                         "step-000000000004.weights.h5"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _benchmarks_on_path():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    yield
+    sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _jax_version():
+    import jax
+
+    return tuple(int(part) for part in jax.__version__.split(".")[:2])
+
+
+@pytest.mark.skipif(BACKEND != "jax" or _jax_version() < (0, 11),
+                    reason="XLA's memory accounting, read through JAX; with JAX 0.10 XLA:CPU's shows no saving from "
+                    "remat (docs/performance.md), with 0.6 Keras 3.10's train_step needs fit's set-up")
+def test_memory_benchmark_reads_the_compilers_accounting():
+    """`benchmarks/memory.py`: the peak of one compiled training step grows
+    linearly with the batch (checked at a third batch); remat and LoRA
+    lower it; the largest batch under a budget follows from the line."""
+    model = dict(hidden_size=64, num_layers=4, num_heads=2, mlp_dim=256, patch_size=4)
+    import memory  # benchmarks/memory.py
+    rows = []
+    for mode, remat in (("full", False), ("full", True), ("lora", False)):
+        parts = {b: memory.step_bytes(None, 32, b, mode=mode, remat=remat, num_classes=10, overrides=model)
+                 for b in (4, 8, 16)}
+        base, per_example = memory.fit_line({b: p["peak"] for b, p in parts.items()})
+        assert abs(base + 16 * per_example - parts[16]["peak"]) < 0.05 * parts[16]["peak"], (mode, remat, parts)
+        assert parts[8]["argument"] > 4 * parts[8]["parameters"]  # weights, optimizer state and the batch
+        rows.append((mode, remat, per_example, parts[8]["trainable"]))
+    (_, _, full, trainable), (_, _, rematted, _), (_, _, lora, lora_trainable) = rows
+    assert rematted < 0.7 * full and lora < full, rows
+    assert lora_trainable < 0.1 * trainable
+    assert memory.largest_batch(2**30, 2**20, 16) == 15 * 1024 and memory.largest_batch(17 * 2**30, 1, 16) == 0

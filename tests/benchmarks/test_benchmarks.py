@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import accelerator  # noqa: E402
 import bench  # noqa: E402
 import input_pipeline  # noqa: E402
 import real_images  # noqa: E402
@@ -154,3 +155,21 @@ def test_real_images_throughput_smoke_run_reports_every_variant():
         assert row["vs_timm"] > 0 and row["vs_fit_in_memory"] > 0
     assert by_variant["fit, in memory"]["vs_fit_in_memory"] == 1.0
     assert by_variant["timm loop, in memory"]["vs_timm"] == 1.0
+
+
+def test_accelerator_benchmark_smoke_run(tmp_path):
+    """`benchmarks/accelerator.py --smoke` on this backend, in its worker
+    process as the full run: every dtype and attention kernel, both modes,
+    with throughput, step and compile times and the peak memory (issue 23)."""
+    backend = keras.backend.backend()
+    rows = accelerator.main(["--smoke", f"--backends={backend}", f"--json={tmp_path / 'rows.json'}"])
+    assert len(rows) == 8 and {(r["dtype"], r["flash_attention"], r["mode"]) for r in rows} == {
+        (d, f, m) for d in ("float32", "bfloat16") for f in (False, True) for m in ("inference", "training")}
+    for row in rows:
+        assert row["backend"] == backend and row["device"], row
+        assert row["keras_vit_img_s"] > 0 and row["keras_vit_step_ms"] > 0 and row["keras_vit_peak_mb"] > 0, row
+        assert row["keras_vit_compile_s"] >= 0
+    if backend == "torch":  # timm beside it, once per dtype
+        assert sum("timm_img_s" in r for r in rows) == 4
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    assert accelerator.markdown(rows).count("\n") == 9
