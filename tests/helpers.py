@@ -5,6 +5,7 @@ serialization round trip, saving, a gradient reaching every weight)."""
 
 import json
 import pathlib
+import shutil
 
 import keras
 import numpy as np
@@ -183,3 +184,21 @@ def assert_layer_round_trip(cls, kwargs, x, atol=1e-6):
     serialized = keras.saving.serialize_keras_object(layer)
     assert serialized["registered_name"] == f"keras_vit>{cls.__name__}"
     assert type(keras.saving.deserialize_keras_object(serialized)) is cls
+
+
+class CopyCheckpointAfterEpoch0(keras.callbacks.Callback):
+    """Copies the `BackupAndResume` directory `directory` to `copy` as the
+    second epoch starts: the first epoch's checkpoint, as a run killed then
+    would leave it (the end-of-epoch checkpoint is written when the next
+    step starts; the lock is left out)."""
+
+    def __init__(self, directory, copy):
+        super().__init__()
+        self.directory, self.copy = directory, copy
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.epoch == 1 and batch == 0:
+            shutil.copytree(self.directory, self.copy, ignore=shutil.ignore_patterns("*.lock"))

@@ -18,6 +18,7 @@ import pytest
 
 import keras_vit
 from keras_vit import training
+from tests.helpers import CopyCheckpointAfterEpoch0
 from tests.test_distribute import ROOT, child_env
 
 BACKEND = keras.backend.backend()
@@ -562,20 +563,11 @@ def test_resume_restores_the_random_state(tmp_path):
     PyTorch's generators are in the checkpoint) and ends identical."""
     directory, copy = tmp_path / "backup", tmp_path / "after_epoch_0"
 
-    class CopyAfterEpoch0(keras.callbacks.Callback):
-        # The end-of-epoch checkpoint is written when the next step starts.
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if self.epoch == 1 and batch == 0:
-                shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.lock"))
-
     reference = _small_model()
     keras.random.uniform((1,))  # creates Keras' global seed generator
     reference.fit(
         SMALL_X, SMALL_Y, batch_size=4, epochs=2, shuffle=False, verbose=0,
-        callbacks=[training.BackupAndResume(directory, save_freq=1), CopyAfterEpoch0()],
+        callbacks=[training.BackupAndResume(directory, save_freq=1), CopyCheckpointAfterEpoch0(directory, copy)],
     )
     resumed = _small_model()
     keras.random.uniform((1,))  # another global state
@@ -595,17 +587,9 @@ def test_restore_then_fit_initial_epoch_resumes_through_public_keras(tmp_path, m
     state included. A mid-epoch checkpoint is refused, lock released."""
     directory, copy = tmp_path / "backup", tmp_path / "after_epoch_0"
 
-    class CopyAfterEpoch0(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_begin(self, batch, logs=None):
-            if self.epoch == 1 and batch == 0:
-                shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("*.lock"))
-
     reference = _small_model()
     reference.fit(SMALL_X, SMALL_Y, batch_size=4, epochs=2, shuffle=False, verbose=0,
-                  callbacks=[training.BackupAndResume(directory, save_freq="epoch"), CopyAfterEpoch0()])
+                  callbacks=[training.BackupAndResume(directory, save_freq="epoch"), CopyCheckpointAfterEpoch0(directory, copy)])
     resumed = _small_model()
     backup = training.BackupAndResume(copy, save_freq="epoch")
     monkeypatch.setattr(training.callbacks, "_set_initial_epoch", None)  # any call fails
