@@ -4,7 +4,7 @@ fine-tune: which model, resolution and batch fits in 16, 40 or 80 GB.
 
     KERAS_BACKEND=jax python benchmarks/memory.py               # the table of docs/performance.md
     KERAS_BACKEND=jax python benchmarks/memory.py --smoke       # seconds: a tiny model
-    KERAS_BACKEND=jax python benchmarks/memory.py --check-rss   # the figure against a process's peak RSS
+    KERAS_BACKEND=jax python benchmarks/memory.py --check-rss [--remat]   # against a process's peak RSS
 
 For each case it builds the model, the paper's fine-tuning optimizer (SGD
 momentum, bfloat16 buffer) and Keras' own JAX training step
@@ -71,6 +71,12 @@ def step_bytes(variant, image_size, batch, *, mode="full", dtype="float32", rema
     finally:
         keras.config.set_dtype_policy("float32")
         keras.backend.clear_session()
+
+
+def side(model_name, size):
+    """`size` rounded up to a multiple of the model's patch (H/14: 392 for 384)."""
+    patch = int(model_name.split("/")[1])
+    return -(-size // patch) * patch
 
 
 def fit_line(sizes):
@@ -150,7 +156,9 @@ def check_rss(variant, image_size, batch, remat):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny custom model, seconds")
-    parser.add_argument("--check-rss", action="store_true", help="compare with a real step's peak RSS")
+    parser.add_argument("--check-rss", action="store_true",
+                        help="compare with a real step's peak RSS (ViT-B/16, 224 px, batch 16; one case per process)")
+    parser.add_argument("--remat", action="store_true", help="with --check-rss: the model with remat")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--sizes", default="224,384")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -160,7 +168,7 @@ def main(argv=None):
     if keras.backend.backend() != "jax":
         sys.exit("error: the compiler's memory accounting is read through JAX: run with KERAS_BACKEND=jax")
     if args.check_rss:
-        print(json.dumps(check_rss("ViT-B_16", 224, 32, remat=False)))
+        print(json.dumps(check_rss("ViT-B_16", 224, 16, remat=args.remat)))
         return None
     if args.smoke:
         MODELS["tiny"] = "testing"
@@ -171,10 +179,10 @@ def main(argv=None):
         models, sizes = args.models.split(","), [int(size) for size in args.sizes.split(",")]
         # Full fine-tuning for every model; LoRA and the linear probe for the
         # models users fine-tune on 16 GB (B/16, L/16), in float32.
-        cases = [(m, size, "full", dtype, remat) for m in models for size in sizes
+        cases = [(m, side(m, size), "full", dtype, remat) for m in models for size in sizes
                  for dtype in ("float32", "bfloat16") for remat in (False, True)]
-        cases += [(m, size, mode, "float32", remat) for m in models if m in ("B/16", "L/16") for size in sizes
-                  for mode in MODES[1:] for remat in (False, True)]
+        cases += [(m, side(m, size), mode, "float32", remat) for m in models if m in ("B/16", "L/16")
+                  for size in sizes for mode in MODES[1:] for remat in (False, True)]
         rows = measure(cases, (8, 16), check_batch=None)
         # The line is checked once per model at a third batch.
         for m in models:
