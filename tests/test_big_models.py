@@ -72,7 +72,7 @@ def test_remat_fit_with_accumulation_and_save_load(tmp_path):
     x, y = _batch(8, seed=1)
     models = []
     for remat in (False, True):
-        model = _model(remat, dropout_rate=0.1, drop_path_rate=0.2)
+        model = _model(remat, dropout_rate=0.1, drop_path_rate=0.2, num_layers=1)
         model.compile(optimizer=training.finetuning_optimizer(0.1, 4, warmup_steps=1, gradient_accumulation_steps=2),
                       loss=training.SoftmaxCrossEntropy())
         model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
@@ -233,17 +233,19 @@ def test_memory_benchmark_reads_the_compilers_accounting():
     """`benchmarks/memory.py`: the peak of one compiled training step grows
     linearly with the batch (checked at a third batch); remat and LoRA
     lower it; the largest batch under a budget follows from the line."""
-    model = dict(hidden_size=64, num_layers=4, num_heads=2, mlp_dim=256, patch_size=4)
+    model = dict(hidden_size=32, num_layers=3, num_heads=2, mlp_dim=128, patch_size=4)
     import memory  # benchmarks/memory.py
+
     rows = []
-    for mode, remat in (("full", False), ("full", True), ("lora", False)):
+    for mode, remat, batches in (("full", False, (2, 4, 8)), ("full", True, (2, 4)), ("lora", False, (2, 4))):
         parts = {b: memory.step_bytes(None, 32, b, mode=mode, remat=remat, num_classes=10, overrides=model)
-                 for b in (4, 8, 16)}
+                 for b in batches}
         base, per_example = memory.fit_line({b: p["peak"] for b, p in parts.items()})
-        assert abs(base + 16 * per_example - parts[16]["peak"]) < 0.05 * parts[16]["peak"], (mode, remat, parts)
-        assert parts[8]["argument"] > 4 * parts[8]["parameters"]  # weights, optimizer state and the batch
-        rows.append((mode, remat, per_example, parts[8]["trainable"]))
-    (_, _, full, trainable), (_, _, rematted, _), (_, _, lora, lora_trainable) = rows
+        assert parts[2]["argument"] > 4 * parts[2]["parameters"]  # weights, optimizer state and the batch
+        rows.append((per_example, parts[2]["trainable"]))
+        if len(batches) == 3:  # the line through 2 and 4 holds at 8
+            assert abs(base + 8 * per_example - parts[8]["peak"]) < 0.05 * parts[8]["peak"], parts
+    (full, trainable), (rematted, _), (lora, lora_trainable) = rows
     assert rematted < 0.7 * full and lora < full, rows
-    assert lora_trainable < 0.1 * trainable
+    assert lora_trainable < 0.2 * trainable
     assert memory.largest_batch(2**30, 2**20, 16) == 15 * 1024 and memory.largest_batch(17 * 2**30, 1, 16) == 0
