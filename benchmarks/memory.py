@@ -21,7 +21,6 @@ details (fusion, layouts); the figures are the CPU compiler's.
 
 import argparse
 import json
-import os
 import platform
 import sys
 import time
