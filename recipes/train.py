@@ -1,9 +1,10 @@
 """The one trainer behind every training recipe.
 
-`run` is a recipe's whole run; `train` is one training run, top to bottom:
-run directory, distribution, data, model and weights, optimizer and
-schedule, compile, fit, evaluate, save, summary. What differs between the
-recipes is data in their configs (`recipes/configs.py`). Resumable: a
+`run` is a recipe's whole run: the checks, the run directory, the
+distribution, then `train` (through `sweep_and_train`), then the summary.
+`train` is one training run, top to bottom: data, model and weights,
+optimizer and schedule, compile, fit, evaluate, save. What differs between
+the recipes is data in their configs (`recipes/configs.py`). Resumable: a
 checkpoint at the end of every `checkpoint_every` updates (whole Keras
 epochs), restored before `fit`, which starts at its epoch
 (`fit(initial_epoch=...)`); a finished run is not trained again.
@@ -125,7 +126,8 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
         else:
             loss = (training.SigmoidCrossEntropy if config.loss == "sigmoid" else training.SoftmaxCrossEntropy)(
                 label_smoothing=config.label_smoothing)
-            model.compile(optimizer=optimizer, loss=loss, weighted_metrics=training.padded_batch_metrics(loss), **compile_options)
+            model.compile(optimizer=optimizer, loss=loss, weighted_metrics=training.padded_batch_metrics(loss),
+                          **compile_options)
         if config.verbose:
             print("\n".join([
                 *header, data.line, f"  model: {model.name}, {model.count_params():,} parameters",
@@ -171,7 +173,7 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
     # Save.
     files = save_model(model, run_dir) if save else {}
     history = read_history(os.path.join(run_dir, "history.csv"))
-    losses = [loss for loss in history.get("loss", []) if loss is not None]
+    losses = [value for value in history.get("loss", []) if value is not None]
     result = {
         "steps": steps, "total_steps": total, "batch_size": config.batch_size, "accum_steps": accum,
         "examples_seen": steps * config.batch_size, "final_loss": losses[-1] if losses else None,
