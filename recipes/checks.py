@@ -3,7 +3,7 @@
 A bad value is an expected failure (`RecipeError`: one `error:` line naming
 the flag and the value) raised before any data is read or model built; the
 library's own checks are used where they exist. Also here: the library's
-defaults filled in (`library=True` fields), the seeds, dtype policy and
+defaults filled in (`library=` fields), the seeds, dtype policy and
 distribution (`set_up`).
 """
 
@@ -121,23 +121,24 @@ def check_fields(config):
 
 
 def fill_library_defaults(config):
-    """Sets each `library=True` field left None to the default of the
-    optimizer function of `--optimizer` for the keyword of the same name;
-    a value given for a keyword that function does not take is refused."""
+    """Sets each `library=` field left None to the default of the optimizer
+    function of `--optimizer`, where that optimizer takes it; a value given
+    for a field the chosen optimizer does not take is refused."""
     if not any(field.metadata.get("library") for field in dataclasses.fields(config)):
         return
     path = OPTIMIZERS[choice(config, "optimizer", OPTIMIZERS)]
     module, name = path.rsplit(".", 1)
     parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
     for field in dataclasses.fields(config):
-        if not field.metadata.get("library"):
-            continue
+        takes = field.metadata.get("library")
         value = getattr(config, field.name)
-        if field.name in parameters and value is None:
+        if not takes:
+            continue
+        if config.optimizer in takes and value is None:
             setattr(config, field.name, parameters[field.name].default)
-        elif field.name not in parameters and value is not None:
-            raise RecipeError(f"--{field.name} is not an option of {path} (--optimizer={config.optimizer}). "
-                              f"Received: --{field.name}={value}")
+        elif config.optimizer not in takes and value is not None:
+            raise RecipeError(f"--{field.name} is not an option of {path} (--optimizer={config.optimizer}; it "
+                              f"applies to --optimizer={' or '.join(takes)}). Received: --{field.name}={value}")
 
 
 def log_interval(log_every, total_steps):

@@ -154,8 +154,11 @@ def parse(argv, recipe, *, prog, description):
             kwargs.update(nargs="?", const=True)
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
         valid = f", in {field.metadata['valid']}" if field.metadata.get("valid") else ""
-        library = field.metadata.get("library") and value is None
-        shown = f"{OPTIMIZERS.get(config.optimizer, 'the optimizer')}'s" if library else _show(value)
+        takes = field.metadata.get("library")
+        shown = _show(value)
+        if takes and value is None:  # the optimizer function's default, or a field it does not use
+            shown = (f"{OPTIMIZERS[config.optimizer]}'s" if config.optimizer in takes else
+                     f"none; --optimizer={' or '.join(takes)} only")
         help_text = f"{field.metadata.get('help', '')} (default: {shown}{valid})"
         parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)  # argparse %-formats help
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ One dataclass per kind of run: `TrainConfig` (supervised training: the
 paper's pre-training and fine-tuning, one VTAB task), `VtabConfig` (the 19
 tasks), `MppConfig` (masked patch prediction), `DemoConfig` and
 `InspectConfig`. Each field carries its `--help` text, the interval its
-numbers must lie in, and its default; a field declared `library=True` takes
+numbers must lie in, and its default; a field declared `library=` takes
 the default of the optimizer function the run uses
 (`keras_vit.training.finetuning_optimizer` for `--optimizer=sgd`,
 `pretraining_optimizer` for `adam`), so that each default is written once.
@@ -21,7 +21,7 @@ import typing
 
 Optional = typing.Optional
 Tuple = typing.Tuple
-# The library functions whose keyword defaults are the `library=True` fields'.
+# The library functions whose keyword defaults are the `library=` fields'.
 OPTIMIZERS = {"sgd": "keras_vit.training.finetuning_optimizer", "adam": "keras_vit.training.pretraining_optimizer"}
 # The optimizer-state dtypes the recipes offer (the optimizers take any).
 MOMENT_DTYPES = ("bfloat16", "float32")
@@ -39,10 +39,11 @@ MPP_QUANTIZATIONS = ("uint8", "uniform")
 FIGURE_FORMATS = ("png", "svg", "pdf")
 
 
-def arg(default, help, valid=None, library=False):  # noqa: A002 - the flag's help text
+def arg(default, help, valid=None, library=None):  # noqa: A002 - the flag's help text
     """A field with its `--help` text and, for numbers, the `valid`
-    interval (`"[0, 1)"`; each item of a tuple). `library=True`: None until
-    the run starts, then the optimizer function's default (see above)."""
+    interval (`"[0, 1)"`; each item of a tuple). `library`: the optimizers
+    (`OPTIMIZERS` keys) whose function takes the keyword: None until the run
+    starts, then that function's default (see above)."""
     metadata = {"help": help, "valid": valid, "library": library}
     if isinstance(default, (dict, list)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
@@ -148,19 +149,22 @@ class ScheduleFields(Config):
     accum_steps: int = arg(8, "micro-batches accumulated per update (vit_jax: 8 x 64 = 512); 1 for none", valid="[1, inf)")
     total_steps: int = arg(10_000, "optimizer updates", valid="[1, inf)")
     learning_rate: float = arg(0.03, "base learning rate", valid="(0, inf)")
-    warmup_steps: Optional[int] = arg(None, "linear warmup", valid="[0, inf)", library=True)
-    decay_type: Optional[str] = arg(None, "decay after the warmup, one of keras_vit.training.WarmupDecay's", library=True)
-    linear_end: Optional[float] = arg(None, "adam: final learning rate of the linear decay", valid="[0, inf)", library=True)
+    warmup_steps: Optional[int] = arg(None, "linear warmup", valid="[0, inf)", library=("sgd", "adam"))
+    decay_type: Optional[str] = arg(None, "decay after the warmup, one of keras_vit.training.WarmupDecay's",
+                                    library=("sgd", "adam"))
+    linear_end: Optional[float] = arg(None, "final learning rate of the linear decay", valid="[0, inf)",
+                                      library=("adam",))
     grad_clip: Optional[float] = arg(1.0, "global gradient-norm clipping; none for off", valid="(0, inf)")
     optimizer: str = arg(
         "sgd", "sgd: keras_vit.training.finetuning_optimizer (momentum, the paper's fine-tuning); adam: "
         "pretraining_optimizer (decoupled weight decay, the paper's pre-training)")
-    momentum: Optional[float] = arg(None, "sgd: momentum (optax order, not Nesterov)", valid="[0, 1)", library=True)
+    momentum: Optional[float] = arg(None, "momentum (optax order, not Nesterov)", valid="[0, 1)", library=("sgd",))
     accumulator_dtype: Optional[str] = arg(
-        None, "sgd: momentum dtype, bfloat16 (the original's) or float32 (exact)", library=True)
+        None, "momentum dtype, bfloat16 (the original's) or float32 (exact)", library=("sgd",))
     weight_decay: Optional[float] = arg(
-        None, "adam: decoupled weight decay times the learning rate, on kernels", valid="[0, inf)", library=True)
-    first_moment_dtype: Optional[str] = arg(None, "adam: first moment dtype, float32 or bfloat16 (big_vision)", library=True)
+        None, "decoupled weight decay times the learning rate, on kernels", valid="[0, inf)", library=("adam",))
+    first_moment_dtype: Optional[str] = arg(None, "first moment dtype, float32 or bfloat16 (big_vision)",
+                                            library=("adam",))
 
 
 @dataclasses.dataclass(eq=True)

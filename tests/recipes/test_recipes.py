@@ -212,8 +212,15 @@ def test_fine_tuning_defaults_are_the_librarys(monkeypatch, capsys):
     assert (config.warmup_steps, config.linear_end, config.first_moment_dtype, config.momentum) == (
         10_000, 1e-5, "float32", None)
     with pytest.raises(cli.RecipeError, match=r"--momentum is not an option of keras_vit.training."
-                       r"pretraining_optimizer \(--optimizer=adam\). Received: --momentum=0.8"):
+                       r"pretraining_optimizer \(--optimizer=adam; it applies to --optimizer=sgd\). "
+                       r"Received: --momentum=0.8"):
         checks.check(pretrain.RECIPE.get_config().replace(momentum=0.8))
+    # --help says which optimizer's default a field takes, or that it does not apply.
+    with pytest.raises(SystemExit):
+        pretrain.parse(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "momentum (optax order, not Nesterov) (default: none; --optimizer=sgd only, in [0, 1))" in shown
+    assert "linear warmup (default: keras_vit.training.pretraining_optimizer's, in [0, inf))" in shown
 
 
 @pytest.mark.one_backend
