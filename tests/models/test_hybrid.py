@@ -171,6 +171,7 @@ def test_std_conv_rejects_bad_arguments():
 # --- Variants, counts, names --------------------------------------------------
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("name", sorted(PARAM_COUNTS))
 def test_param_counts_shapes_and_names(name):
     count_224, count_384 = PARAM_COUNTS[name]

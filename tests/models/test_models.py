@@ -69,6 +69,9 @@ def test_param_table_covers_every_plain_variant():
     assert plain <= set(PARAM_COUNTS)
 
 
+# Shapes and counts are the same on every backend (every forward-pass test
+# builds these layers on all three).
+@pytest.mark.one_backend
 @pytest.mark.parametrize("name", sorted(PARAM_COUNTS))
 def test_param_counts(name):
     # Built without initialising weights: shapes are real, nothing is drawn.
@@ -82,6 +85,7 @@ def test_param_counts(name):
     assert (count_224, count_384) == PARAM_COUNTS[name]
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize(
     "constructor, config",
     [

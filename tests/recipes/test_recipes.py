@@ -718,6 +718,7 @@ def _live_run():
 
 
 @pytest.mark.one_backend
+@pytest.mark.one_backend  # the run directory's OS lock: the same on every backend
 def test_a_live_run_is_never_deleted_nor_joined(tmp_path):
     """Issue 21: --overwrite while another process trains in the directory
     deleted it under the live run. In real processes: the live run, then

@@ -510,6 +510,7 @@ def test_delete_on_finish_deletes_only_the_callbacks_files(tmp_path):
     assert not alone.exists()
 
 
+@pytest.mark.one_backend  # the backup directory's OS lock: the same on every backend
 def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path):
     # Before: two runs wrote into one directory and one of them crashed with
     # FileNotFoundError. A lock held by a SIGKILLed process does not block.

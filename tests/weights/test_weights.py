@@ -406,6 +406,7 @@ keras_vit.export_npz(model, sys.argv[1])
 """
 
 
+@pytest.mark.one_backend
 @pytest.mark.skipif(os.name != "posix", reason="SIGKILL and file locks")
 def test_export_cleans_temporaries_of_a_killed_export(tmp_path):
     path = tmp_path / "model.npz"
