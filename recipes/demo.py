@@ -7,10 +7,10 @@ pipeline), this demo does what the paper does at scale:
 1. writes the digits as PNG files, one folder per class, with a fixed
    stratified train/test split (80 % / 20 %);
 2. pre-trains a small ViT from scratch at a low resolution (16 px, patches
-   of 4: a 4x4 grid) with `recipes/pretrain.py` (Adam, decoupled weight
-   decay, warmup + cosine, a tanh pre-logits layer in the head);
-3. fine-tunes it at a higher resolution (32 px: an 8x8 grid) with
-   `recipes/finetune.py`, the same code as for ImageNet: the position
+   of 4: a 4x4 grid) with the pretrain recipe's settings (Adam, decoupled
+   weight decay, warmup + cosine, a tanh pre-logits layer in the head);
+3. fine-tunes it at a higher resolution (32 px: an 8x8 grid) as the
+   finetune recipe does, the same trainer as for ImageNet: the position
    embeddings are resampled from 4x4 to 8x8, the head is replaced by a
    zero-initialised one, SGD with momentum, batch 64 as 2 accumulated
    micro-batches of 32, clipping at 1, warmup + cosine;
@@ -36,14 +36,13 @@ import time
 
 from recipes import checks
 from recipes import cli
-from recipes import finetune
-from recipes import pretrain
 from recipes import rundir
 from recipes import train
 from recipes.configs import SMOKE_MODEL
 from recipes.configs import DemoConfig
 from recipes.configs import Named
 from recipes.configs import Recipe
+from recipes.configs import TrainConfig
 
 RECIPE = Recipe(
     "demo", "Demo", DemoConfig, base={},
@@ -57,23 +56,31 @@ RECIPE = Recipe(
 # flips (digits are too small for inception crops and change meaning when
 # flipped), one cached split, no dropout.
 COMMON = dict(model=None, dropout_rate=0.0, train_split="train", test_split="test", eval_batch_size=120,
-              pipeline="finetune", augmentation="resize_crop", flip=False, shuffle_buffer=2000, cache="true",
-              checkpoint_every=100)
+              pipeline="finetune", augmentation="resize_crop", flip=False, shuffle_buffer=2000,
+              cache="true", checkpoint_every=100)
+# The two runs, as the pretrain and finetune recipes' configs (their run
+# directories record those names): pre-training from random weights with
+# Adam, decoupled weight decay, warmup + cosine and a tanh pre-logits layer
+# (the paper's Table 3 set-up); fine-tuning from its model.npz with the
+# trainer's defaults, SGD with momentum (App. B.1.1).
+PRETRAINING = Recipe("pretrain", "Pre-training", TrainConfig, base=dict(
+    COMMON, optimizer="adam", weights=None, reset_head=False, pre_logits=True, drop_path_rate=0.0, accum_steps=1,
+    learning_rate=2e-3, decay_type="cosine", weight_decay=0.05), configs={}, smoke={})
+FINETUNING = Recipe("finetune", "Fine-tuning", TrainConfig, base=dict(COMMON, accum_steps=2), configs={}, smoke={})
 
 
 def demo_configs(demo, data_dir):
     """The `TrainConfig`s of the demo's pre-training and fine-tuning."""
-    shared = dict(COMMON, model_overrides=dict(demo.model_overrides), dataset=data_dir,
+    shared = dict(model_overrides=dict(demo.model_overrides), dataset=data_dir,
                   **{name: getattr(demo, name) for name in ("jit_compile", "distribution", "seed", "deterministic",
                                                            "verbose")})
-    upstream = pretrain.RECIPE.get_config().replace(
+    upstream = TrainConfig(**PRETRAINING.base).replace(
         **shared, image_size=demo.pretrain_size, batch_size=demo.pretrain_batch_size,
-        total_steps=demo.pretrain_steps, warmup_steps=max(1, demo.pretrain_steps // 10), learning_rate=2e-3,
-        decay_type="cosine", weight_decay=0.05, log_every=max(1, demo.pretrain_steps // 10),
-        run_dir=os.path.join(demo.run_dir, "pretrain"))
-    downstream = finetune.RECIPE.get_config().replace(
+        total_steps=demo.pretrain_steps, warmup_steps=max(1, demo.pretrain_steps // 10),
+        log_every=max(1, demo.pretrain_steps // 10), run_dir=os.path.join(demo.run_dir, "pretrain"))
+    downstream = TrainConfig(**FINETUNING.base).replace(
         **shared, weights=os.path.join(demo.run_dir, "pretrain", "model.npz"), image_size=demo.finetune_size,
-        batch_size=demo.finetune_batch_size, accum_steps=2, total_steps=demo.finetune_steps,
+        batch_size=demo.finetune_batch_size, total_steps=demo.finetune_steps,
         warmup_steps=max(1, demo.finetune_steps // 10), learning_rate=demo.finetune_learning_rate,
         log_every=max(1, demo.finetune_steps // 10), run_dir=os.path.join(demo.run_dir, "finetune"))
     return upstream, downstream
@@ -152,9 +159,9 @@ def run(demo, config_name=None, smoke=False):
               "(8x8 grey, tiled to RGB by the pipeline).", flush=True)
         upstream_config, downstream_config = demo_configs(demo, data_dir)
         print(f"\n== Pre-training at {demo.pretrain_size} px", flush=True)
-        upstream = train.run(pretrain.RECIPE, upstream_config, "demo")
+        upstream = train.run(PRETRAINING, upstream_config, "demo")
         print(f"\n== Fine-tuning at {demo.finetune_size} px from {downstream_config.weights}", flush=True)
-        downstream = train.run(finetune.RECIPE, downstream_config, "demo")
+        downstream = train.run(FINETUNING, downstream_config, "demo")
         wall = time.perf_counter() - start
         if wall < 0.5 * downstream["total_wall_time_s"]:
             print(f"\n(Results of an earlier demo in {demo.run_dir}; --overwrite trains again.)")

@@ -282,6 +282,24 @@ def test_help_imports_no_framework():
     assert out.stdout.count("Named configs (--config=NAME)") == 6
 
 
+RECIPE_MODULES = ("demo", "finetune", "inspect_vit", "pretrain", "pretrain_mpp", "vtab")
+
+
+@pytest.mark.one_backend
+def test_recipes_import_the_trainer_the_configs_and_the_library_never_each_other():
+    """Issue 22: a recipe module is its configs and an entry point; what two
+    recipes share lives in the trainer's modules or the library."""
+    import ast
+
+    for name in RECIPE_MODULES:
+        tree = ast.parse((REPO_ROOT / "recipes" / f"{name}.py").read_text())
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    and node.module == "recipes" for alias in node.names}
+        imported |= {node.module.split(".")[1] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and (node.module or "").startswith("recipes.")}
+        assert imported and not imported & set(RECIPE_MODULES), (name, sorted(imported))
+
+
 @pytest.mark.one_backend
 def test_named_configs_state_their_expected_result():
     expected = {
