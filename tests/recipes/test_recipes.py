@@ -675,6 +675,11 @@ def test_a_record_that_cannot_be_written_is_one_error_and_leaves_no_temporary(tm
     assert os.listdir(tmp_path) == ["summary.json"] and rundir.read_json(str(path)) == {"steps": 1}
 
 
+# One backend: what differs per backend (the checkpoint writer's error and
+# the last good checkpoint kept) is the library's, tested on every backend by
+# tests/training/test_fault_tolerance.py; resuming a recipe run is tested on
+# every backend by test_pretrain_killed_then_resumed_by_the_same_command.
+@pytest.mark.one_backend
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full (every write: ENOSPC)")
 def test_a_full_disk_is_one_error_line_and_the_run_resumes(tmp_path):
     """Issue 21, in a real process: the checkpoint of update 4 goes to
