@@ -45,7 +45,12 @@ class ModelAnatomy:
         num_heads: attention heads per block.
         num_layers: number of encoder blocks.
         block_names: the blocks' layer names, in order.
-        num_prefix_tokens: tokens before the grid (1 with a class token).
+        num_prefix_tokens: tokens before the grid: the class token's and
+            the register tokens'.
+        posemb_prefix_tokens: rows of the position embedding before its
+            grid rows: `num_prefix_tokens`, or 0 for a model whose position
+            embedding covers the patches only (`no_embed_class`).
+        has_class_token: True when the model has a class token (at index 0).
         hybrid: True when the patch embedding reads a feature map (a ResNet
             stem) rather than the image.
         resnet: a hybrid's residual units per ResNet stage (`()` for the
@@ -70,6 +75,8 @@ class ModelAnatomy:
     num_layers: int
     block_names: tuple
     num_prefix_tokens: int
+    posemb_prefix_tokens: int
+    has_class_token: bool
     hybrid: bool
     resnet: object
     resnet_width: object
@@ -84,10 +91,6 @@ class ModelAnatomy:
     @property
     def num_tokens(self):
         return self.num_prefix_tokens + self.num_patches
-
-    @property
-    def has_class_token(self):
-        return self.num_prefix_tokens == 1
 
 
 def _describe(model):
@@ -161,9 +164,17 @@ def anatomy(model):
         )
     layer_names = {layer.name for layer in model.layers}
     has_cls = "cls" in layer_names and isinstance(model.get_layer("cls"), vit_layers.ClassToken)
+    registers = model.get_layer("registers").num_tokens if "registers" in layer_names else 0
+    num_prefix = int(has_cls) + registers
     head = model.get_layer("head") if "head" in layer_names else None
-    norm = get_layer(model, "encoder_norm")
     first_block = model.get_layer(names[0])
+    # The token sequence's last layer: `encoder_norm`, or the last block for
+    # a model that normalises after pooling (`fc_norm`).
+    if "fc_norm" in layer_names:
+        last = model.get_layer(names[-1])
+    else:
+        last = get_layer(model, "encoder_norm")
+    posemb = model.get_layer("posembed_input")
     resnet, resnet_width = _resnet(model)
     return ModelAnatomy(
         image_size=(height, width),
@@ -178,11 +189,13 @@ def anatomy(model):
         num_heads=first_block.num_heads,
         num_layers=len(names),
         block_names=names,
-        num_prefix_tokens=1 if has_cls else 0,
+        num_prefix_tokens=num_prefix,
+        posemb_prefix_tokens=posemb.pos_embedding.shape[1] - rows * cols,
+        has_class_token=has_cls,
         hybrid=feature_shape[1:3] != image_shape[1:3],
         resnet=resnet,
         resnet_width=resnet_width,
         has_pre_logits="pre_logits" in layer_names,
         num_classes=head.units if isinstance(head, keras.layers.Dense) else None,
-        outputs_tokens=len(model.outputs) == 1 and model.outputs[0] is norm.output,
+        outputs_tokens=len(model.outputs) == 1 and model.outputs[0] is last.output,
     )

@@ -51,7 +51,7 @@ def model_posemb_similarity(model):
     geo = anatomy(model)
     posemb = get_layer(model, "posembed_input").pos_embedding
     return posemb_similarity(
-        keras.ops.convert_to_numpy(posemb), geo.grid, geo.num_prefix_tokens
+        keras.ops.convert_to_numpy(posemb), geo.grid, geo.posemb_prefix_tokens
     )
 
 

@@ -13,6 +13,23 @@ from keras_vit.layers.utils import freeze_sublayers_if_frozen
 # logits with the original checkpoints.
 LAYER_NORM_EPSILON = 1e-6
 
+# The MLP's GELU: "tanh" is the original's (`flax.linen.gelu`, the tanh
+# approximation; also SigLIP's), "exact" the erf form (PyTorch's default:
+# timm, DeiT, DINO), "quick" OpenAI CLIP's x * sigmoid(1.702 x).
+GELUS = ("tanh", "exact", "quick")
+
+
+def gelu(x, kind):
+    if kind == "quick":
+        return x * ops.sigmoid(1.702 * x)
+    return ops.gelu(x, approximate=kind == "tanh")
+
+
+def check_gelu(kind):
+    if kind not in GELUS:
+        raise ValueError(f"`gelu` must be one of {GELUS}. Received: gelu={kind!r}")
+    return kind
+
 
 def attention_kernel_initializer(hidden_size):
     """Xavier-uniform on the flattened (D, D) kernel, as Flax DenseGeneral.
@@ -27,7 +44,7 @@ def attention_kernel_initializer(hidden_size):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(keras.layers.Layer):
-    """Dense -> GELU (tanh approximation) -> Dropout -> Dense -> Dropout.
+    """Dense -> GELU -> Dropout -> Dense -> Dropout.
 
     The original uses `flax.linen.gelu`, i.e. `jax.nn.gelu(approximate=True)`,
     xavier-uniform kernels and normal(1e-6) biases
@@ -36,12 +53,15 @@ class MlpBlock(keras.layers.Layer):
     Args:
         mlp_dim: int. Width of the hidden layer.
         dropout_rate: float. Dropout after the GELU and after the output.
+        gelu: `"tanh"` (the original's, default), `"exact"` (erf) or
+            `"quick"` (OpenAI CLIP's `x * sigmoid(1.702 x)`).
     """
 
-    def __init__(self, mlp_dim, dropout_rate=0.0, **kwargs):
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu="tanh", **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = mlp_dim
         self.dropout_rate = check_rate(dropout_rate, "dropout_rate")
+        self.gelu = check_gelu(gelu)
         self.supports_masking = True
 
     def build(self, input_shape):
@@ -63,7 +83,7 @@ class MlpBlock(keras.layers.Layer):
         # it on explicitly sends every sub-layer call down Keras' slower
         # argument-conversion path (measurable in eager PyTorch).
         x = self.dense_0(inputs)
-        x = ops.gelu(x, approximate=True)
+        x = gelu(x, self.gelu)
         x = self.dropout(x)
         x = self.dense_1(x)
         return self.dropout(x)
@@ -73,7 +93,7 @@ class MlpBlock(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate})
+        config.update({"mlp_dim": self.mlp_dim, "dropout_rate": self.dropout_rate, "gelu": self.gelu})
         return config
 
 
@@ -100,6 +120,12 @@ class TransformerEncoderBlock(keras.layers.Layer):
         drop_path_rate: float. Stochastic depth: probability of dropping each
             residual branch per example (Huang et al., 2016). Defaults to 0.
         layer_norm_epsilon: float. Defaults to 1e-6 (Flax's default).
+        gelu: the MLP's GELU, `"tanh"` (default), `"exact"` or `"quick"`
+            (see `MlpBlock`).
+        layer_scale_init: None (default: no LayerScale, as the original) or
+            the initial value of LayerScale's per-channel factors on each
+            residual branch (Touvron et al., CaiT; DeiT III and DINOv2 use
+            1e-5 to 1e-6): `x + gamma * branch`.
         seed: optional int for the stochastic-depth noise.
         remat: bool. Gradient checkpointing (`keras.remat`): the block's
             activations are recomputed in the backward pass instead of kept,
@@ -127,6 +153,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         attention_dropout_rate=0.0,
         drop_path_rate=0.0,
         layer_norm_epsilon=LAYER_NORM_EPSILON,
+        gelu="tanh",
+        layer_scale_init=None,
         seed=None,
         remat=False,
         **kwargs,
@@ -145,6 +173,15 @@ class TransformerEncoderBlock(keras.layers.Layer):
         )
         self.drop_path_rate = check_rate(drop_path_rate, "drop_path_rate")
         self.layer_norm_epsilon = layer_norm_epsilon
+        self.gelu = check_gelu(gelu)
+        if layer_scale_init is not None and (
+            isinstance(layer_scale_init, bool) or not isinstance(layer_scale_init, (int, float))
+        ):
+            raise ValueError(
+                "`layer_scale_init` must be None or a float. "
+                f"Received: layer_scale_init={layer_scale_init!r}"
+            )
+        self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
         self.seed = seed
         if not isinstance(remat, bool):
             raise ValueError(f"`remat` must be a bool. Received: remat={remat!r}")
@@ -176,14 +213,27 @@ class TransformerEncoderBlock(keras.layers.Layer):
         )
         self.layer_norm_2 = keras.layers.LayerNormalization(name="LayerNorm_2", **norm_kwargs)
         self.mlp = MlpBlock(
-            self.mlp_dim, self.dropout_rate, name="MlpBlock_3", dtype=self.dtype_policy
+            self.mlp_dim, self.dropout_rate, gelu=self.gelu, name="MlpBlock_3", dtype=self.dtype_policy
         )
+        if self.layer_scale_init is not None:
+            self.layer_scales = [
+                self.add_weight(
+                    name=f"layer_scale_{i}", shape=(hidden_size,),
+                    initializer=keras.initializers.Constant(self.layer_scale_init),
+                )
+                for i in (1, 3)  # after the attention (1) and the MLP (3)
+            ]
         self.layer_norm_0.build(input_shape)
         self.attention.build(input_shape, input_shape)
         self.layer_norm_2.build(input_shape)
         self.mlp.build(input_shape)
         freeze_sublayers_if_frozen(self, (
             self.layer_norm_0, self.attention, self.attention_dropout, self.layer_norm_2, self.mlp))
+
+    def _scale(self, branch, index):
+        if self.layer_scale_init is None:
+            return branch
+        return branch * ops.cast(self.layer_scales[index], branch.dtype)
 
     def _drop_path(self, branch, training):
         if not training or self.drop_path_rate == 0.0:
@@ -245,9 +295,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
             y, scores = attended
         else:
             y = attended
-        y = self.attention_dropout(y, **given)
+        y = self._scale(self.attention_dropout(y, **given), 0)
         x = inputs + self._drop_path(y, training)
-        y = self.mlp(self.layer_norm_2(x), **given)
+        y = self._scale(self.mlp(self.layer_norm_2(x), **given), 1)
         x = x + self._drop_path(y, training)
         return (x, scores) if return_attention_scores else x
 
@@ -264,6 +314,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 "attention_dropout_rate": self.attention_dropout_rate,
                 "drop_path_rate": self.drop_path_rate,
                 "layer_norm_epsilon": self.layer_norm_epsilon,
+                "gelu": self.gelu,
+                "layer_scale_init": self.layer_scale_init,
                 "seed": self.seed,
                 "remat": self.remat,
             }

@@ -22,6 +22,8 @@ class PatchEmbedding(keras.layers.Layer):
         kernel_initializer: Initializer for the kernel. Defaults to
             `"lecun_normal"` (the Flax Conv default).
         bias_initializer: Initializer for the bias. Defaults to `"zeros"`.
+        use_bias: bool. Defaults to True (the original's); OpenAI CLIP's
+            patch projection has none.
 
     Call arguments:
         images: `(B, H, W, C)` tensor (an image or, in a hybrid, a feature map).
@@ -36,6 +38,7 @@ class PatchEmbedding(keras.layers.Layer):
         patch_size,
         kernel_initializer="lecun_normal",
         bias_initializer="zeros",
+        use_bias=True,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -48,6 +51,7 @@ class PatchEmbedding(keras.layers.Layer):
         self.patch_size = normalize_pair(patch_size, "patch_size")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.use_bias = bool(use_bias)
 
     def build(self, input_shape):
         channels = input_shape[-1]
@@ -57,11 +61,13 @@ class PatchEmbedding(keras.layers.Layer):
             shape=(*self.patch_size, channels, self.hidden_size),
             initializer=self.kernel_initializer,
         )
-        self.bias = self.add_weight(
-            name="bias",
-            shape=(self.hidden_size,),
-            initializer=self.bias_initializer,
-        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.hidden_size,),
+                initializer=self.bias_initializer,
+            )
 
     def grid_size(self, input_shape):
         """(rows, cols) of the patch grid for an input of `input_shape`."""
@@ -76,7 +82,8 @@ class PatchEmbedding(keras.layers.Layer):
             images, kernel, strides=self.patch_size, padding="valid",
             data_format="channels_last",
         )
-        x = x + ops.cast(self.bias, self.compute_dtype)
+        if self.bias is not None:
+            x = x + ops.cast(self.bias, self.compute_dtype)
         rows, cols = x.shape[1], x.shape[2]
         if rows is None or cols is None:
             rows, cols = ops.shape(x)[1], ops.shape(x)[2]
@@ -99,6 +106,7 @@ class PatchEmbedding(keras.layers.Layer):
                 "bias_initializer": keras.initializers.serialize(
                     self.bias_initializer
                 ),
+                "use_bias": self.use_bias,
             }
         )
         return config

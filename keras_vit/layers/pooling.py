@@ -10,25 +10,30 @@ POOLING_METHODS = ("token", "gap")
 class SequencePooling(keras.layers.Layer):
     """Pools `(B, T, D)` tokens to `(B, D)`.
 
-    `"token"` takes the class token at index 0; `"gap"` averages all tokens
-    (google-research/vision_transformer, `models_vit.py`, `classifier` field).
+    `"token"` takes the class token at index 0; `"gap"` averages the tokens
+    after the first `num_prefix_tokens` (google-research/vision_transformer,
+    `models_vit.py`, `classifier` field, where there are none; timm leaves a
+    class token and registers out of the average).
 
     Args:
         method: `"token"` or `"gap"`.
+        num_prefix_tokens: int. Tokens before the patches that `"gap"`
+            leaves out. Defaults to 0.
     """
 
-    def __init__(self, method="token", **kwargs):
+    def __init__(self, method="token", num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
         if method not in POOLING_METHODS:
             raise ValueError(
                 f"`method` must be one of {POOLING_METHODS}. Received: method={method!r}"
             )
         self.method = method
+        self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens):
         if self.method == "token":
             return tokens[:, 0]
-        return ops.mean(tokens, axis=1)
+        return ops.mean(tokens[:, self.num_prefix_tokens:], axis=1)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], input_shape[2])
@@ -36,4 +41,5 @@ class SequencePooling(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config["method"] = self.method
+        config["num_prefix_tokens"] = self.num_prefix_tokens
         return config

@@ -5,7 +5,7 @@ import numbers
 import keras
 
 from keras_vit import layers as vit_layers
-from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
 from keras_vit.layers.utils import check_rate, normalize_pair
 from keras_vit.models import resnet as resnet_lib
@@ -17,8 +17,20 @@ POOLINGS = (None, "token", "gap", "avg")
 
 # Keywords that change the architecture or regularisation, beyond the table.
 # `resnet_width_factor` scales the hybrids' ResNet (root width 64 x factor;
-# 1 in every published model).
-EXTRA_FIELDS = dict(drop_path_rate=0.0, head_bias_init=0.0, resnet_width_factor=1)
+# 1 in every published model). The rest are the options of later ViT
+# families (timm's names in brackets where they differ); each default is the
+# original architecture.
+EXTRA_FIELDS = dict(
+    drop_path_rate=0.0, head_bias_init=0.0, resnet_width_factor=1,
+    gelu="tanh", layer_norm_epsilon=LAYER_NORM_EPSILON,
+    class_token=None,  # None: the classifier's (a class token for "token")
+    num_register_tokens=0,  # [reg_tokens]
+    no_embed_class=False,  # position embeddings for the patches only
+    layer_scale_init=None,  # [init_values]
+    pre_norm=False,  # a LayerNorm before the encoder [norm_pre]
+    fc_norm=False,  # the final LayerNorm after pooling, not before
+    patch_bias=True,
+)
 
 
 def _is_int(value):
@@ -156,7 +168,15 @@ def ViT(
             `drop_path_rate` (stochastic depth, increasing linearly to this
             rate over the blocks), `head_bias_init` (e.g. -10 for sigmoid
             pre-training) and `resnet_width_factor` (hybrids: root width
-            `64 * resnet_width_factor`, a multiple of 32).
+            `64 * resnet_width_factor`, a multiple of 32). The options of
+            later ViT families (docs/models.md), each defaulting to the
+            original: `gelu` (`"tanh"`, `"exact"`, `"quick"`),
+            `layer_norm_epsilon` (1e-6), `class_token` (None: as the
+            `classifier`), `num_register_tokens` (0), `no_embed_class`
+            (position embeddings without the prefix tokens' rows, added
+            before they are prepended), `layer_scale_init` (LayerScale),
+            `pre_norm` (a LayerNorm before the encoder), `fc_norm` (the final
+            LayerNorm after pooling) and `patch_bias` (True).
 
     Inputs are NHWC floats in [-1, 1] (see `keras_vit.preprocess_input`), or
     pixels in [0, 255] with `include_preprocessing=True`.
@@ -192,7 +212,9 @@ def ViT(
             f"Received: posemb_interpolation={posemb_interpolation!r}"
         )
     classifier = fields["classifier"]
-    has_class_token = classifier in ("token", "token_unpooled")
+    has_class_token = _check_family_options(fields)
+    num_prefix_tokens = int(has_class_token) + fields["num_register_tokens"]
+    check_gelu(fields["gelu"])
     pool_method = {"avg": "gap"}.get(pooling, pooling)
     if pool_method == "token" and not has_class_token:
         raise ValueError(
@@ -238,12 +260,21 @@ def ViT(
     if fields["resnet"] is not None:
         x = resnet_lib.resnet_stem(x, fields["resnet"], fields["resnet_width_factor"])
     x = vit_layers.PatchEmbedding(
-        fields["hidden_size"], patch, name="embedding"
+        fields["hidden_size"], patch, use_bias=fields["patch_bias"], name="embedding"
     )(x)
+    if fields["no_embed_class"]:
+        x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
+    # Order [class, registers, patches], as timm's.
+    if fields["num_register_tokens"]:
+        x = vit_layers.ClassToken(num_tokens=fields["num_register_tokens"], name="registers")(x)
     if has_class_token:
         x = vit_layers.ClassToken(name="cls")(x)
-    x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
+    if not fields["no_embed_class"]:
+        x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
     x = keras.layers.Dropout(fields["dropout_rate"], name="dropout")(x)
+    norm_epsilon = fields["layer_norm_epsilon"]
+    if fields["pre_norm"]:
+        x = keras.layers.LayerNormalization(epsilon=norm_epsilon, name="pre_norm")(x)
 
     # --- Encoder ---
     num_layers = fields["num_layers"]
@@ -257,18 +288,31 @@ def ViT(
             dropout_rate=fields["dropout_rate"],
             attention_dropout_rate=fields["attention_dropout_rate"],
             drop_path_rate=drop_path,
+            layer_norm_epsilon=norm_epsilon,
+            gelu=fields["gelu"],
+            layer_scale_init=fields["layer_scale_init"],
             remat=remat,
             name=f"encoderblock_{i}",
         )(x)
-    x = keras.layers.LayerNormalization(
-        epsilon=LAYER_NORM_EPSILON, name="encoder_norm"
-    )(x)
+    if not fields["fc_norm"]:
+        x = keras.layers.LayerNormalization(epsilon=norm_epsilon, name="encoder_norm")(x)
+
+    def pool(x, method):
+        # A "gap" classifier leaves the class and register tokens out of the
+        # average, as timm's; `pooling="gap"` on a token model's features
+        # averages every token, as it always has.
+        skipped = num_prefix_tokens if classifier == "gap" else 0
+        x = vit_layers.SequencePooling(method, skipped, name="pool")(x)
+        if fields["fc_norm"]:
+            x = keras.layers.LayerNormalization(epsilon=norm_epsilon, name="fc_norm")(x)
+        return _pre_logits(x, fields["representation_size"])
 
     # --- Head ---
     if include_top:
         if classifier in ("token", "gap"):
-            x = vit_layers.SequencePooling(classifier, name="pool")(x)
-        x = _pre_logits(x, fields["representation_size"])
+            x = pool(x, classifier)
+        else:
+            x = _pre_logits(x, fields["representation_size"])
         x = keras.layers.Dense(
             num_classes,
             activation=classifier_activation,
@@ -279,8 +323,7 @@ def ViT(
             name="head",
         )(x)
     elif pool_method is not None:
-        x = vit_layers.SequencePooling(pool_method, name="pool")(x)
-        x = _pre_logits(x, fields["representation_size"])
+        x = pool(x, pool_method)
 
     if name is None:
         name = variants.model_name(config_name) if config_name else "vit"
@@ -298,6 +341,34 @@ def ViT(
             allow_nonfinite=allow_nonfinite,
         )
     return model
+
+
+def _check_family_options(fields):
+    """Whether the model has a class token: `class_token`, or (None) the
+    `classifier`'s need; the options that depend on it checked."""
+    token_classifier = fields["classifier"] in ("token", "token_unpooled")
+    has = fields["class_token"]
+    if has is None:
+        has = token_classifier
+    if not isinstance(has, bool):
+        raise ValueError(f"`class_token` must be None or a bool. Received: class_token={has!r}")
+    if token_classifier and not has:
+        raise ValueError(
+            f"classifier={fields['classifier']!r} pools the class token; a model without one pools with "
+            "classifier='gap'. Received: class_token=False"
+        )
+    registers = fields["num_register_tokens"]
+    if not _is_int(registers) or registers < 0:
+        raise ValueError(
+            f"`num_register_tokens` must be an int >= 0. Received: num_register_tokens={registers!r}"
+        )
+    for name in ("no_embed_class", "pre_norm", "fc_norm", "patch_bias"):
+        if not isinstance(fields[name], bool):
+            raise ValueError(f"`{name}` must be a bool. Received: {name}={fields[name]!r}")
+    epsilon = fields["layer_norm_epsilon"]
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+        raise ValueError(f"`layer_norm_epsilon` must be a positive float. Received: layer_norm_epsilon={epsilon!r}")
+    return has
 
 
 def _pre_logits(x, representation_size):

@@ -77,10 +77,48 @@ def _encoder_block(prefix, block):
     return out
 
 
+def original_format_problems(model):
+    """The options of `model` that the original architecture lacks (the
+    `.npz` format has no keys or switches for them), as `name=value` texts."""
+    from keras_vit import layers as vit_layers
+    from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+
+    problems = []
+    names = {layer.name: layer for layer in model.layers}
+    for name, option in (("registers", "num_register_tokens"), ("pre_norm", "pre_norm=True"),
+                         ("fc_norm", "fc_norm=True")):
+        if name in names:
+            problems.append(option if "=" in option else f"{option}={names[name].num_tokens}")
+    embedding = names.get("embedding")
+    if isinstance(embedding, vit_layers.PatchEmbedding) and not embedding.use_bias:
+        problems.append("patch_bias=False")
+    blocks = [layer for layer in model.layers if isinstance(layer, vit_layers.TransformerEncoderBlock)]
+    if blocks:
+        block = blocks[0]
+        if block.layer_scale_init is not None:
+            problems.append(f"layer_scale_init={block.layer_scale_init:g}")
+        if block.gelu != "tanh":
+            problems.append(f"gelu={block.gelu!r}")
+        if block.layer_norm_epsilon != LAYER_NORM_EPSILON:
+            problems.append(f"layer_norm_epsilon={block.layer_norm_epsilon:g}")
+    posemb = names.get("posembed_input")
+    if posemb is not None and "cls" in names and model.layers.index(posemb) < model.layers.index(names["cls"]):
+        problems.append("no_embed_class=True")
+    return problems
+
+
 def checkpoint_variables(model):
-    """Maps original checkpoint keys to the model's variables, by layer name."""
+    """Maps original checkpoint keys to the model's variables, by layer name.
+    A model with options the original architecture lacks is refused."""
     from keras_vit import layers as vit_layers
 
+    problems = original_format_problems(model)
+    if problems:
+        raise ValueError(
+            "The original checkpoint format holds the original architecture only; this model uses "
+            f"{', '.join(problems)}. Build the model without these options to load or write this format. "
+            f"Received: model={model.name!r}"
+        )
     mapping = {}
     for layer in model.layers:
         name = layer.name
@@ -487,7 +525,7 @@ def _initial_value(layer, key, shape):
 
 
 def _fit_posemb(value, shape, parts, source_grid, interpolation, notes):
-    prefix = parts.num_prefix_tokens
+    prefix = parts.posemb_prefix_tokens
     target_grid = parts.grid
     if value.ndim != 3 or value.shape[-1] != shape[-1]:
         raise ValueError(f"shape {value.shape} cannot fit the model's {shape}")

@@ -1,0 +1,82 @@
+"""timm's ViT families in keras_vit: for each family's options (tiny sizes,
+random weights), the timm model's state dict loads into the keras_vit model
+that `keras_vit.weights.timm.builder_kwargs` describes, and the logits and
+the pre-logit features equal timm's within 1e-4 of their largest magnitude,
+on every backend."""
+
+import functools
+
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.weights import timm as timm_weights
+from tests.helpers import assert_close_rel
+
+pytestmark = pytest.mark.timm
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+# Each family's VisionTransformer arguments, as timm's model definitions give
+# them (timm/models/vision_transformer.py), at tiny sizes.
+FAMILIES = {
+    "augreg": dict(),  # also DeiT and DINO: the original architecture, exact GELU
+    "deit3": dict(init_values=1e-6, no_embed_class=True),
+    "dinov2": dict(init_values=1e-5, patch_size=7, img_size=28),
+    "dinov2_registers": dict(init_values=1e-5, reg_tokens=4, no_embed_class=True, patch_size=7, img_size=28),
+    "clip_openai": dict(pre_norm=True, act_layer="quick_gelu", layer_norm_eps=1e-5),
+    "clip_laion": dict(pre_norm=True, layer_norm_eps=1e-5),
+    "gap_fc_norm": dict(global_pool="avg", class_token=False),
+    "features_only": dict(num_classes=0),
+}
+
+
+def _timm_model(args):
+    args = dict(args)
+    eps = args.pop("layer_norm_eps", 1e-6)
+    torch.manual_seed(0)
+    model = timm.models.vision_transformer.VisionTransformer(
+        **args, norm_layer=functools.partial(torch.nn.LayerNorm, eps=eps))
+    with torch.no_grad():  # every weight random, LayerScale's too (not ~1e-6)
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_loads_with_timms_logits_and_features(family):
+    args = {**TINY, **FAMILIES[family]}
+    reference = _timm_model(args)
+    state = {key: value.detach().numpy() for key, value in reference.state_dict().items()}
+    model = keras_vit.ViT(None, **timm_weights.builder_kwargs(args))
+    timm_weights.load_timm_state(model, state)
+    size = args["img_size"]
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 3, size, size)).astype("float32")
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(images)).numpy()
+        features = reference.forward_head(reference.forward_features(torch.from_numpy(images)),
+                                          pre_logits=True).numpy()
+    got = model.predict(images.transpose(0, 2, 3, 1), verbose=0)
+    assert_close_rel(got, expected, tol=1e-4)
+    if args["num_classes"]:  # the pooled, normalised features before the head
+        backbone = keras_vit.ViT(None, **{**timm_weights.builder_kwargs({**args, "num_classes": 0})})
+        backbone.set_weights([w for w in model.get_weights()][:len(backbone.weights)])
+        assert_close_rel(backbone.predict(images.transpose(0, 2, 3, 1), verbose=0), features, tol=1e-4)
+
+
+def test_a_state_dict_of_other_options_is_refused_and_nothing_changes():
+    args = {**TINY, **FAMILIES["deit3"]}
+    state = {k: v.detach().numpy() for k, v in _timm_model(args).state_dict().items()}
+    model = keras_vit.ViT(None, **timm_weights.builder_kwargs({**TINY}))
+    before = model.get_weights()
+    with pytest.raises(ValueError, match="ls1.gamma"):
+        timm_weights.load_timm_state(model, state)
+    assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+
+
+@pytest.mark.parametrize("arg, value", [("qk_norm", True), ("global_pool", "map"), ("act_layer", "silu"),
+                                        ("proj_bias", False), ("dynamic_img_pad", True)])
+def test_options_keras_vit_cannot_express_are_named(arg, value):
+    with pytest.raises(ValueError, match=arg):
+        timm_weights.builder_kwargs({arg: value})
