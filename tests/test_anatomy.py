@@ -22,6 +22,10 @@ EXPECTED = {
     "root_only": dict(grid=(4, 6), patch_size=(8, 8), num_prefix_tokens=1, hybrid=True,
                       has_pre_logits=False, num_classes=None, outputs_tokens=True,
                       embedding_patch_size=(2, 2), resnet=(), resnet_width=32),
+    "registers": dict(grid=(2, 3), num_prefix_tokens=3, posemb_prefix_tokens=0, has_class_token=True,
+                      num_classes=4, outputs_tokens=False),
+    "pre_norm_fc_norm": dict(grid=(2, 2), num_prefix_tokens=1, posemb_prefix_tokens=1, has_class_token=True,
+                             num_classes=3, outputs_tokens=False),
 }
 
 

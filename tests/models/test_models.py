@@ -227,6 +227,18 @@ def test_every_model_kind_saves_and_loads_the_same(kind, tmp_path):
     assert_saving_round_trip(model, random_images(model, seed=3), tmp_path)
 
 
+def test_the_original_format_refuses_the_options_it_cannot_hold(tmp_path):
+    """Issue 24: an .npz of the original layout would load into the original
+    architecture and silently compute something else."""
+    for kind, named in (("registers", "num_register_tokens=2.*layer_scale_init=0.1.*gelu='exact'"
+                                      ".*no_embed_class=True"),
+                        ("pre_norm_fc_norm", "pre_norm=True.*fc_norm=True.*patch_bias=False.*gelu='quick'"
+                                             ".*layer_norm_epsilon=1e-05")):
+        with pytest.raises(ValueError, match=named):
+            keras_vit.export_npz(tiny_model(kind), str(tmp_path / f"{kind}.npz"))
+        assert not list(tmp_path.iterdir())
+
+
 def test_weights_h5_round_trip(tmp_path):
     model = randomize_weights(keras_vit.get_model("testing", input_shape=(32, 32, 3)))
     path = str(tmp_path / "vit.weights.h5")
