@@ -23,13 +23,14 @@ from keras_vit.lora import enable_lora, load_lora, merge_lora, save_lora
 from keras_vit.models.vit import *  # noqa: E402, F403
 from keras_vit.models.vit import __all__ as _builders  # noqa: E402
 from keras_vit.models.catalog import available_weights, list_models
+from keras_vit.models.from_timm import from_timm
 from keras_vit.preprocessing import preprocess_input
-from keras_vit.weights import export_npz, load_weights
+from keras_vit.weights import export_npz, export_timm, load_weights
 
 __version__ = "0.1.0"
 
 __all__ = [
-    *_builders, "available_weights", "decode_predictions", "distribute", "enable_lora", "export_npz",
-    "freeze_backbone", "layers", "list_models", "load_lora", "load_weights", "merge_lora", "preprocess_input",
+    *_builders, "available_weights", "decode_predictions", "distribute", "enable_lora", "export_npz", "export_timm",
+    "freeze_backbone", "from_timm", "layers", "list_models", "load_lora", "load_weights", "merge_lora", "preprocess_input",
     "reset_head", "save_lora", "training", "weights",
 ]

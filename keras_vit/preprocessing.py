@@ -1,4 +1,4 @@
-"""Input scaling shared by every checkpoint of the original release."""
+"""Input scaling: the original release's, and a checkpoint's own mean and std."""
 
 import numpy as np
 from keras import backend
@@ -26,8 +26,32 @@ def scale_pixels(x):
 _UINT8_TABLE = scale_pixels(np.arange(256, dtype=np.float32))
 
 
-def preprocess_input(images):
+def check_pixel_stats(pixel_mean, pixel_std):
+    """`(mean, std)` as tuples of 3 floats (std > 0), or `(None, None)`."""
+    if pixel_mean is None and pixel_std is None:
+        return None, None
+    stats = []
+    for name, value in (("pixel_mean", pixel_mean), ("pixel_std", pixel_std)):
+        try:
+            values = tuple(float(v) for v in value)
+        except (TypeError, ValueError):
+            values = ()
+        if len(values) != 3 or not all(np.isfinite(values)) or (name == "pixel_std" and min(values) <= 0):
+            raise ValueError(
+                f"`pixel_mean` and `pixel_std` go together, each 3 per-channel values for pixels scaled to "
+                f"[0, 1] (std > 0). Received: {name}={value!r}"
+            )
+        stats.append(values)
+    return tuple(stats)
+
+
+def preprocess_input(images, pixel_mean=None, pixel_std=None):
     """Maps uint8-range pixels [0, 255] to float32 [-1, 1]: (x - 127.5) / 127.5.
+
+    With `pixel_mean` and `pixel_std` (3 values each, for pixels scaled to
+    [0, 1], as timm's `pretrained_cfg` gives them: ImageNet's for DeiT and
+    DINOv2, OpenAI CLIP's, ...), computes `(x / 255 - mean) / std` instead,
+    in float32, as timm's `ToTensor` and `Normalize` do.
 
     The original input pipelines normalise this way
     (google-research/vision_transformer, `input_pipeline.py`); every
@@ -36,6 +60,11 @@ def preprocess_input(images):
     compiled, on every backend; float input is computed with the same
     formula (a compiler may round it one ulp differently).
     """
+    pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
+    if pixel_mean is not None:
+        mean = np.asarray(pixel_mean, np.float32)
+        std = np.asarray(pixel_std, np.float32)
+        return (ops.cast(images, "float32") / np.float32(255.0) - mean) / std
     dtype = getattr(images, "dtype", None)
     if dtype is not None and backend.standardize_dtype(dtype) == "uint8":
         return ops.take(_UINT8_TABLE, ops.cast(images, "int32"))

@@ -83,7 +83,8 @@ VARIANTS = {
     "R50+ViT-L_32": _vit("L", 1, resnet=(3, 4, 6, 3), dropout_rate=0.1),
 }
 
-CLASSIFIERS = ("token", "gap", "unpooled", "token_unpooled")
+# "map": attention pooling with a learned probe (SigLIP, big_vision's MAPHead).
+CLASSIFIERS = ("token", "gap", "map", "unpooled", "token_unpooled")
 
 
 def augreg_name(config_name):

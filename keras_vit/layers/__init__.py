@@ -1,5 +1,6 @@
 """Keras layers that compose into ViT models; only `keras.ops` inside."""
 
+from keras_vit.layers.attention_pooling import AttentionPooling
 from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.encoder_block import MlpBlock, TransformerEncoderBlock
 from keras_vit.layers.patch_embedding import PatchEmbedding
@@ -13,6 +14,7 @@ from keras_vit.layers.position_embedding import (
 
 __all__ = [
     "AddPositionEmbedding",
+    "AttentionPooling",
     "ClassToken",
     "MlpBlock",
     "PatchEmbedding",

@@ -6,7 +6,9 @@ import keras
 import numpy as np
 from keras import ops
 
-INTERPOLATIONS = ("linear", "bicubic")
+# "linear": the original's; "bicubic": PyTorch's bicubic; "bicubic_antialias":
+# PyTorch's with `antialias=True`, what timm resamples checkpoints with.
+INTERPOLATIONS = ("linear", "bicubic", "bicubic_antialias")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -120,11 +122,32 @@ def _cubic_weights(in_size, out_size, a=-0.75):
     return matrix
 
 
+def _cubic_antialias_weights(in_size, out_size, a=-0.5):
+    """Interpolation matrix (out, in) of PyTorch's `interpolate(mode="bicubic",
+    antialias=True, align_corners=False)`, PIL's resampling: Keys' kernel
+    with a = -0.5, widened by the scale when shrinking, each row normalised.
+    timm resamples position embeddings with it (`resample_abs_pos_embed`)."""
+    scale = in_size / out_size
+    widen = max(scale, 1.0)
+    support = 2.0 * widen
+    matrix = np.zeros((out_size, in_size), np.float64)
+    for row in range(out_size):
+        center = (row + 0.5) * scale
+        lo = max(int(center - support + 0.5), 0)
+        hi = min(int(center + support + 0.5), in_size)
+        x = np.abs((np.arange(lo, hi) - center + 0.5) / widen)
+        weight = np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                          np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0))
+        matrix[row, lo:hi] = weight / weight.sum()
+    return matrix
+
+
 def resample_grid(grid, new_shape, interpolation="linear"):
     """Resamples a `(rows, cols, D)` array to `(*new_shape, D)`.
 
     `"linear"` reproduces `scipy.ndimage.zoom(grid, (r, c, 1), order=1)`, the
-    original's `interpolate_posembed`; `"bicubic"` matches timm/PyTorch.
+    original's `interpolate_posembed`; `"bicubic"` PyTorch's bicubic, and
+    `"bicubic_antialias"` its antialiased form, with which timm resamples.
     Computed in float64 and returned in the input's dtype.
     """
     if interpolation not in INTERPOLATIONS:
@@ -132,7 +155,8 @@ def resample_grid(grid, new_shape, interpolation="linear"):
             f"`interpolation` must be one of {INTERPOLATIONS}. "
             f"Received: interpolation={interpolation!r}"
         )
-    weights = _linear_weights if interpolation == "linear" else _cubic_weights
+    weights = {"linear": _linear_weights, "bicubic": _cubic_weights,
+               "bicubic_antialias": _cubic_antialias_weights}[interpolation]
     rows = weights(grid.shape[0], new_shape[0])
     cols = weights(grid.shape[1], new_shape[1])
     out = np.einsum("ri,ijd,cj->rcd", rows, grid.astype(np.float64), cols)

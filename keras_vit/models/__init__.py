@@ -9,5 +9,6 @@ from keras_vit.anatomy import ModelAnatomy, anatomy
 # `ViT`, `get_model` and one constructor per row of `variants.CONSTRUCTORS`.
 from keras_vit.models.vit import *  # noqa: F403
 from keras_vit.models.vit import __all__ as _builders
+from keras_vit.models.from_timm import from_timm
 
-__all__ = ["ModelAnatomy", "anatomy", "variants", *_builders]
+__all__ = ["ModelAnatomy", "anatomy", "from_timm", "variants", *_builders]

@@ -13,7 +13,7 @@ from keras_vit.weights import load_weights
 from keras_vit import variants
 
 DEFAULT_INPUT_SHAPE = (224, 224, 3)
-POOLINGS = (None, "token", "gap", "avg")
+POOLINGS = (None, "token", "gap", "avg", "map")
 
 # Keywords that change the architecture or regularisation, beyond the table.
 # `resnet_width_factor` scales the hybrids' ResNet (root width 64 x factor;
@@ -116,6 +116,8 @@ def ViT(
     include_preprocessing=False,
     allow_nonfinite=False,
     remat=False,
+    pixel_mean=None,
+    pixel_std=None,
     **overrides,
 ):
     """Builds a Vision Transformer (Dosovitskiy et al., ICLR 2021).
@@ -141,7 +143,8 @@ def ViT(
         pooling: only with `include_top=False` (refused otherwise): None returns the token sequence
             `(B, T, D)` after `encoder_norm`; `"token"` or `"gap"` (alias
             `"avg"`) the pooled representation (through `pre_logits` when the
-            model has a `representation_size`).
+            model has a `representation_size`); `"map"` the attention-pooling
+            head of a `classifier="map"` model.
         num_classes: int. Classes of the head.
         classifier_activation: None (logits) or an activation such as
             `"softmax"` for the head.
@@ -154,6 +157,10 @@ def ViT(
             `keras_vit.preprocess_input` inside the graph (a weightless
             `PreprocessInput` layer), so that saved and exported models serve
             raw images.
+        pixel_mean, pixel_std: with `include_preprocessing=True`, a
+            checkpoint's per-channel mean and std for pixels scaled to
+            [0, 1] (timm's convention; `keras_vit.from_timm` sets them from
+            the checkpoint's config). None: the original's [-1, 1].
         allow_nonfinite: bool. Load `weights` holding NaN or infinite values
             instead of refusing them (see `keras_vit.load_weights`).
         remat: bool. Gradient checkpointing per encoder block (`keras.remat`):
@@ -192,6 +199,11 @@ def ViT(
             "`include_preprocessing` must be a bool. "
             f"Received: include_preprocessing={include_preprocessing!r}"
         )
+    if (pixel_mean is not None or pixel_std is not None) and not include_preprocessing:
+        raise ValueError(
+            "`pixel_mean` and `pixel_std` set the normalisation of `include_preprocessing=True`. "
+            f"Received: pixel_mean={pixel_mean!r}, pixel_std={pixel_std!r} with include_preprocessing=False"
+        )
     if pooling not in POOLINGS:
         raise ValueError(f"`pooling` must be one of {POOLINGS}. Received: pooling={pooling!r}")
     if include_top and pooling is not None:
@@ -216,6 +228,11 @@ def ViT(
     num_prefix_tokens = int(has_class_token) + fields["num_register_tokens"]
     check_gelu(fields["gelu"])
     pool_method = {"avg": "gap"}.get(pooling, pooling)
+    if pool_method == "map" and classifier != "map":
+        raise ValueError(
+            f"`pooling='map'` is the attention-pooling head of a classifier='map' model; this model uses "
+            f"classifier={classifier!r}. Received: pooling={pooling!r}"
+        )
     if pool_method == "token" and not has_class_token:
         raise ValueError(
             f"`pooling='token'` needs a class token, but this model uses "
@@ -256,7 +273,7 @@ def ViT(
     # --- Embedding: patches, [class] token, position embedding ---
     x = inputs
     if include_preprocessing:
-        x = vit_layers.PreprocessInput(name="preprocess_input")(x)
+        x = vit_layers.PreprocessInput(pixel_mean, pixel_std, name="preprocess_input")(x)
     if fields["resnet"] is not None:
         x = resnet_lib.resnet_stem(x, fields["resnet"], fields["resnet_width_factor"])
     x = vit_layers.PatchEmbedding(
@@ -301,15 +318,20 @@ def ViT(
         # A "gap" classifier leaves the class and register tokens out of the
         # average, as timm's; `pooling="gap"` on a token model's features
         # averages every token, as it always has.
-        skipped = num_prefix_tokens if classifier == "gap" else 0
-        x = vit_layers.SequencePooling(method, skipped, name="pool")(x)
+        if method == "map":
+            x = vit_layers.AttentionPooling(
+                fields["num_heads"], fields["mlp_dim"], gelu=fields["gelu"], layer_norm_epsilon=norm_epsilon,
+                name="map_head")(x)
+        else:
+            skipped = num_prefix_tokens if classifier == "gap" else 0
+            x = vit_layers.SequencePooling(method, skipped, name="pool")(x)
         if fields["fc_norm"]:
             x = keras.layers.LayerNormalization(epsilon=norm_epsilon, name="fc_norm")(x)
         return _pre_logits(x, fields["representation_size"])
 
     # --- Head ---
     if include_top:
-        if classifier in ("token", "gap"):
+        if classifier in ("token", "gap", "map"):
             x = pool(x, classifier)
         else:
             x = _pre_logits(x, fields["representation_size"])

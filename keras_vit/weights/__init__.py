@@ -1,17 +1,21 @@
 """Loading and exporting weights: original `.npz`, Keras `.weights.h5`, names."""
 
+import logging
 import os
 
-from keras_vit.weights import cache, registry
+from keras_vit.weights import cache, hub, registry
+from keras_vit.weights.hub import export_timm
 from keras_vit.weights.h5 import load_keras_weights
 from keras_vit.weights.npz import export_npz, load_npz, prepare_npz, read_npz
 from keras_vit.weights.augreg import AugRegIndex, augreg_index
 
-__all__ = ["AugRegIndex", "augreg_index", "export_npz", "load_weights", "read_npz"]
+logger = logging.getLogger("keras_vit")
+
+__all__ = ["AugRegIndex", "augreg_index", "export_npz", "export_timm", "load_weights", "read_npz"]
 
 
 def load_weights(
-    model, weights, variant=None, interpolation="linear", source_grid=None,
+    model, weights, variant=None, interpolation=None, source_grid=None,
     allow_nonfinite=False,
 ):
     """Loads `weights` into a keras_vit model, all or nothing.
@@ -23,7 +27,10 @@ def load_weights(
     Args:
         model: a keras_vit model.
         weights: a path to an original `.npz` checkpoint, a path to a Keras
-            `.weights.h5` file, or a registered name (`"imagenet21k"`,
+            `.weights.h5` file, a timm checkpoint (`"hf-hub:timm/NAME"`
+            through `huggingface_hub`, a directory with `model.safetensors`
+            or a `.safetensors` file; see `keras_vit.from_timm`, which also
+            builds the matching model), or a registered name (`"imagenet21k"`,
             `"imagenet21k+imagenet2012"`, `"augreg"`, `"augreg+imagenet2012"`,
             `"sam"`, or an AugReg file name such as
             `"B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0"`).
@@ -31,8 +38,11 @@ def load_weights(
             the cache of `keras_vit.weights.cache` (`~/.keras/models/keras_vit`
             or `$KERAS_VIT_CACHE_DIR/models/keras_vit`).
         variant: the model's original config name; needed for registered names.
-        interpolation: `"linear"` (the original's) or `"bicubic"` resampling of
-            position embeddings from another resolution.
+        interpolation: how position embeddings from another resolution are
+            resampled: `"linear"`, `"bicubic"` or `"bicubic_antialias"`.
+            None (default): each format's own, `"linear"` for the original
+            checkpoints (their `interpolate_posembed`), `"bicubic_antialias"`
+            for timm's (their `resample_abs_pos_embed`).
         source_grid: `(rows, cols)` of a non-square checkpoint grid that the
             file does not record.
         allow_nonfinite: load NaN or infinite values instead of refusing them.
@@ -47,6 +57,10 @@ def load_weights(
             f"Received: weights={weights!r}"
         )
     path = os.fspath(weights)
+    if path.startswith(hub.HUB_PREFIX) or path.endswith(".safetensors") or (
+            os.path.isdir(path) and os.path.exists(os.path.join(path, hub.WEIGHTS_NAME))):
+        return _load_timm(model, path, interpolation or "bicubic_antialias")
+    interpolation = interpolation or "linear"
     if path.endswith(".weights.h5"):
         return load_keras_weights(model, path, allow_nonfinite=allow_nonfinite)
     if not os.path.exists(path) and registry.is_registered(path):
@@ -69,3 +83,22 @@ def load_weights(
         model, path, interpolation=interpolation, source_grid=source_grid,
         allow_nonfinite=allow_nonfinite,
     )
+
+
+def _load_timm(model, source, interpolation):
+    """A timm checkpoint into an existing model (its options must be the
+    checkpoint's: the state dict's keys and shapes are the check)."""
+    from keras_vit.weights import timm as timm_format
+
+    if source.endswith(".safetensors"):
+        where, state = source, hub.read_safetensors(source)
+    else:
+        _, weights, where = hub.fetch(source)
+        state = hub.read_safetensors(weights)
+    try:
+        notes = timm_format.load_timm_state(model, state, interpolation=interpolation)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    for note in notes:
+        logger.info("%s: %s", where, note)
+    return notes

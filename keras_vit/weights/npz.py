@@ -86,7 +86,7 @@ def original_format_problems(model):
     problems = []
     names = {layer.name: layer for layer in model.layers}
     for name, option in (("registers", "num_register_tokens"), ("pre_norm", "pre_norm=True"),
-                         ("fc_norm", "fc_norm=True")):
+                         ("fc_norm", "fc_norm=True"), ("map_head", "classifier='map'")):
         if name in names:
             problems.append(option if "=" in option else f"{option}={names[name].num_tokens}")
     embedding = names.get("embedding")

@@ -2,46 +2,58 @@
 
 timm (`timm/models/vision_transformer.py`) stores PyTorch layouts under its
 own names; `timm_variables` maps each key to the keras_vit variable and the
-transposition between the two layouts, so that a state dict (numpy arrays,
-e.g. read from `model.safetensors`) loads with timm's numbers. `TIMM_OPTIONS`
-says which keras_vit builder keyword expresses each timm constructor
-argument: a checkpoint needing anything else is refused by name.
+layout change between the two (both ways), so that a state dict (numpy
+arrays, e.g. read from `model.safetensors`) loads with timm's numbers and a
+keras_vit model exports to timm. `builder_kwargs` says which keras_vit
+builder keywords express timm's constructor arguments: a checkpoint needing
+anything else is refused by name. `architecture_args` reads timm's model
+names, `config_args` its Hub `config.json`.
 """
+
+import re
 
 import numpy as np
 
 from keras_vit.anatomy import anatomy, get_layer
 
-# timm `VisionTransformer` argument -> keras_vit `ViT` keyword. timm's
-# `global_pool`, `act_layer` and `norm_layer` are translated by
-# `builder_kwargs`.
-TIMM_OPTIONS = {
-    "patch_size": "patch_size", "embed_dim": "hidden_size", "depth": "num_layers", "num_heads": "num_heads",
-    "class_token": "class_token", "reg_tokens": "num_register_tokens", "no_embed_class": "no_embed_class",
-    "init_values": "layer_scale_init", "pre_norm": "pre_norm", "fc_norm": "fc_norm",
-}
 # timm's `act_layer` names -> keras_vit's `gelu`.
 TIMM_GELUS = {"gelu": "exact", "gelu_tanh": "tanh", "quick_gelu": "quick"}
 
 
+class Layout:
+    """A layout change: `layout(timm_array)` is the Keras array,
+    `layout.back(keras_array)` timm's."""
+
+    def __init__(self, to_keras, to_timm):
+        self.to_keras, self.back = to_keras, to_timm
+
+    def __call__(self, value):
+        return self.to_keras(value)
+
+
 def _transpose(*axes):
-    return lambda value: np.transpose(value, axes)
+    return Layout(lambda value: np.transpose(value, axes), lambda value: np.transpose(value, np.argsort(axes)))
 
 
 def _heads(num_heads, out=False):
     """A PyTorch Linear's (out, in) weight as a Keras attention kernel:
-    `(in, heads, head_dim)`, or `(heads, head_dim, out)` for the output."""
-    def convert(value):
-        if value.ndim == 1:  # a bias: (heads, head_dim), or (D,) for the output
+    `(in, heads, head_dim)`, or `(heads, head_dim, out)` for the output;
+    biases `(heads, head_dim)`, the output's `(D,)` as it is."""
+    def to_keras(value):
+        if value.ndim == 1:
             return value if out else value.reshape(num_heads, -1)
         if out:
             return value.T.reshape(num_heads, -1, value.shape[0])
         return value.T.reshape(value.shape[1], num_heads, -1)
-    return convert
+
+    def to_timm(value):
+        if out:
+            return value if value.ndim == 1 else value.reshape(-1, value.shape[-1]).T
+        return value.reshape(-1) if value.ndim == 2 else value.reshape(value.shape[0], -1).T
+    return Layout(to_keras, to_timm)
 
 
-def _same(value):
-    return value
+_same = Layout(lambda value: value, lambda value: value)
 
 
 def _linear(prefix, layer):
@@ -88,39 +100,104 @@ def timm_variables(model):
         if block.layer_scale_init is not None:
             mapping[f"{prefix}.ls1.gamma"] = (block.layer_scales[0], _same)
             mapping[f"{prefix}.ls2.gamma"] = (block.layer_scales[1], _same)
+    if "map_head" in names:
+        pool = model.get_layer("map_head")
+        attention, heads = pool.attention, pool.attention.num_heads
+        mapping["attn_pool.latent"] = (pool.probe, _same)
+        for key, dense in (("q.weight", attention.query_dense), ("kv.weight/k", attention.key_dense),
+                           ("kv.weight/v", attention.value_dense)):
+            mapping[f"attn_pool.{key}"] = (dense.kernel, _heads(heads))
+            mapping[f"attn_pool.{key.replace('weight', 'bias')}"] = (dense.bias, _heads(heads))
+        mapping["attn_pool.proj.weight"] = (attention.output_dense.kernel, _heads(heads, out=True))
+        mapping["attn_pool.proj.bias"] = (attention.output_dense.bias, _same)
+        mapping.update(_norm("attn_pool.norm", pool.layer_norm))
+        mapping.update(_linear("attn_pool.mlp.fc1", pool.mlp.dense_0))
+        mapping.update(_linear("attn_pool.mlp.fc2", pool.mlp.dense_1))
     if "head" in names:
         mapping.update(_linear("head", model.get_layer("head")))
     return mapping
 
 
+# timm's fused projections: rows q, k, v (or k, v), each head after head.
+FUSED = {".attn.qkv.weight": "qkv", ".attn.qkv.bias": "qkv", "attn_pool.kv.weight": "kv", "attn_pool.kv.bias": "kv"}
+
+
+def _fused_parts(key):
+    return next((parts for suffix, parts in FUSED.items() if key.endswith(suffix)), None)
+
+
 def split_qkv(state):
-    """timm's fused `attn.qkv` (rows: q, then k, then v) as three entries
-    `attn.qkv.weight/q`, ... (the keys `timm_variables` lists)."""
+    """timm's fused `attn.qkv` and `attn_pool.kv` as one entry per part
+    (`....attn.qkv.weight/q`, ...: the keys `timm_variables` lists)."""
     out = {}
     for key, value in state.items():
-        if key.endswith(".attn.qkv.weight") or key.endswith(".attn.qkv.bias"):
-            for part, piece in zip("qkv", np.split(np.asarray(value), 3, axis=0)):
+        parts = _fused_parts(key)
+        if parts:
+            for part, piece in zip(parts, np.split(np.asarray(value), len(parts), axis=0)):
                 out[f"{key}/{part}"] = piece
         else:
             out[key] = np.asarray(value)
     return out
 
 
-def load_timm_state(model, state):
+def _fit_posemb(value, variable, prefix, grid, interpolation, notes):
+    """timm's position embedding resampled to the model's `grid` (the
+    `prefix` rows kept), as timm's `resample_abs_pos_embed` does
+    (antialiased bicubic by default; the checkpoint's grid is square)."""
+    from keras_vit.layers.position_embedding import infer_square_grid, resample_position_embedding
+
+    if value.shape == tuple(variable.shape) or value.ndim != 3 or value.shape[2] != variable.shape[2]:
+        return value
+    source_grid = infer_square_grid(value.shape[1] - prefix)
+    notes.append(f"position embeddings resampled from a {source_grid[0]}x{source_grid[1]} to a "
+                 f"{grid[0]}x{grid[1]} grid ({interpolation}).")
+    return resample_position_embedding(value, grid, source_grid, num_prefix_tokens=prefix,
+                                       interpolation=interpolation)
+
+
+def load_timm_state(model, state, interpolation="bicubic_antialias"):
     """Loads a timm `VisionTransformer` state dict (`{key: numpy array}`)
-    into `model`, all or nothing: every key must have its variable and
-    shape, and every variable its key, else a ValueError lists the
-    differences and nothing is assigned. Returns `model`."""
+    into `model`, all or nothing, and returns the notes on what was adapted.
+
+    Every key but the head's must have its variable and shape, and every
+    variable its key; else a ValueError lists the differences and nothing is
+    assigned. The position embedding is resampled to the model's grid
+    (`interpolation`: `"bicubic_antialias"`, timm's, `"bicubic"` or
+    `"linear"`). A head of another
+    size than the model's, or none, leaves the model's zero head (as the
+    paper's fine-tuning starts); a model without a head ignores the
+    checkpoint's.
+    """
+    parts = anatomy(model)
     arrays = split_qkv(state)
     mapping = timm_variables(model)
+    notes = []
+    head_keys = {key for key in set(arrays) | set(mapping) if key.startswith("head.")}
+    head_fits = all(key in arrays and key in mapping and convert_shape(mapping[key], arrays[key])
+                    for key in head_keys)
+    if head_keys and not head_fits:
+        if any(key in mapping for key in head_keys):
+            notes.append("head: the checkpoint's does not have the model's classes: zero-initialised.")
+        else:
+            notes.append("head: the checkpoint's is left out (the model has none).")
+        arrays = {k: v for k, v in arrays.items() if k not in head_keys}
+        mapping = {k: v for k, v in mapping.items() if k not in head_keys}
     missing = sorted(set(mapping) - set(arrays))
     unexpected = sorted(set(arrays) - set(mapping))
     converted, wrong = {}, []
+    if "pos_embed" in arrays and "pos_embed" in mapping and not (missing or unexpected):
+        try:
+            arrays["pos_embed"] = _fit_posemb(arrays["pos_embed"], mapping["pos_embed"][0],
+                                              parts.posemb_prefix_tokens, parts.grid, interpolation, notes)
+        except ValueError as error:
+            wrong.append(f"pos_embed: {error}")
     for key in sorted(set(mapping) & set(arrays)):
         variable, convert = mapping[key]
         value = convert(arrays[key])
         if tuple(value.shape) != tuple(variable.shape):
             wrong.append(f"{key}: {tuple(value.shape)} -> {tuple(variable.shape)} expected")
+        elif not np.issubdtype(value.dtype, np.floating) or not np.all(np.isfinite(value)):
+            wrong.append(f"{key}: not finite floats ({value.dtype})")
         converted[key] = value
     if missing or unexpected or wrong:
         lines = [f"missing: {', '.join(missing[:8])}" if missing else "",
@@ -133,7 +210,16 @@ def load_timm_state(model, state):
     for key, value in converted.items():
         variable = mapping[key][0]
         variable.assign(value.astype(variable.dtype))
-    return model
+    return notes
+
+
+def convert_shape(entry, value):
+    """Whether timm's `value` fits the `(variable, convert)` entry's shape."""
+    variable, convert = entry
+    try:
+        return tuple(convert(value).shape) == tuple(variable.shape)
+    except ValueError:  # a reshape that cannot be done
+        return False
 
 
 # timm's defaults for the arguments `builder_kwargs` reads
@@ -164,9 +250,9 @@ def builder_kwargs(args):
         if a[name] != _TIMM_DEFAULTS[name]:
             raise ValueError(f"keras_vit has no equivalent of timm's {name}={a[name]!r} "
                              f"(only {_TIMM_DEFAULTS[name]!r}). Received: {name}={a[name]!r}")
-    if a["global_pool"] not in ("token", "avg", ""):
+    if a["global_pool"] not in ("token", "avg", "map", ""):
         raise ValueError(f"keras_vit has no equivalent of timm's global_pool={a['global_pool']!r} "
-                         "(token, avg or none). Received: global_pool=" + repr(a["global_pool"]))
+                         "(token, avg, map or none). Received: global_pool=" + repr(a["global_pool"]))
     if a["act_layer"] not in TIMM_GELUS:
         raise ValueError(f"keras_vit has no equivalent of timm's act_layer={a['act_layer']!r} "
                          f"(one of {sorted(TIMM_GELUS)}). Received: act_layer={a['act_layer']!r}")
@@ -176,7 +262,7 @@ def builder_kwargs(args):
     kwargs = dict(
         input_shape=(*size, 3), patch_size=a["patch_size"], hidden_size=a["embed_dim"], num_layers=a["depth"],
         num_heads=a["num_heads"], mlp_dim=int(a["embed_dim"] * a["mlp_ratio"]),
-        classifier="token" if pooled == "token" else "gap", class_token=bool(a["class_token"]),
+        classifier={"token": "token", "avg": "gap", "map": "map"}[pooled], class_token=bool(a["class_token"]),
         num_register_tokens=a["reg_tokens"], no_embed_class=bool(a["no_embed_class"]),
         layer_scale_init=a["init_values"], pre_norm=bool(a["pre_norm"]),
         # timm: None means "after pooling for average pooling".
@@ -188,5 +274,163 @@ def builder_kwargs(args):
     if a["num_classes"] > 0:
         kwargs["num_classes"] = a["num_classes"]
     else:
-        kwargs["pooling"] = None if not a["global_pool"] else {"token": "token", "avg": "gap"}[pooled]
+        kwargs["pooling"] = None if not a["global_pool"] else {"token": "token", "avg": "gap", "map": "map"}[pooled]
     return kwargs
+
+
+# ---------------------------------------------------------------------------
+# timm's architecture names: the entry points' arguments, by family
+# (timm/models/vision_transformer.py and deit.py).
+# ---------------------------------------------------------------------------
+
+# name -> (embed_dim, depth, num_heads, mlp_ratio)
+TIMM_SIZES = {
+    "tiny": (192, 12, 3, 4.0), "small": (384, 12, 6, 4.0), "medium": (512, 12, 8, 4.0), "base": (768, 12, 12, 4.0),
+    "large": (1024, 24, 16, 4.0), "huge": (1280, 32, 16, 4.0), "so400m": (1152, 27, 16, 3.7362),
+}
+_ARCHITECTURE = re.compile(
+    r"^(?P<kind>vit|deit3|deit)_(?P<size>[a-z0-9]+)_patch(?P<patch>\d+)"
+    r"(?:_reg(?P<registers>\d+))?(?P<family>(?:_[a-z][a-z0-9]*)*?)(?:_(?P<res>\d+))?$")
+# Each family's arguments beyond the size (timm's entry points).
+TIMM_FAMILIES = {
+    "": {},  # the original architecture (AugReg, DeiT, DINO weights), exact GELU in timm
+    "deit3": dict(no_embed_class=True, init_values=1e-6),
+    "dinov2": dict(init_values=1e-5, img_size=518),
+    "clip": dict(pre_norm=True, layer_norm_eps=1e-5),
+    "clip_quickgelu": dict(pre_norm=True, layer_norm_eps=1e-5, act_layer="quick_gelu"),
+    "siglip": dict(class_token=False, global_pool="map"),
+    "siglip_gap": dict(class_token=False, global_pool="avg", fc_norm=False),
+}
+# SigLIP 2's own architectures use the tanh GELU (the SigLIP 1 names keep
+# the exact one, also for SigLIP 2 weights).
+_SIGLIP2_TANH = {("base", 32, 256), ("large", 16, 512), ("so400m", 16, 256), ("so400m", 16, 384),
+                 ("so400m", 16, 512)}
+
+
+def architecture_args(architecture):
+    """timm `VisionTransformer` arguments of an architecture name
+    (`vit_base_patch16_224`, `deit3_small_patch16_224`,
+    `vit_small_patch14_reg4_dinov2`, `vit_base_patch16_clip_224`,
+    `vit_base_patch16_siglip_224`, ...). Another name (a distilled DeiT, a
+    giant with SwiGLU, another model) is a ValueError naming it."""
+    match = _ARCHITECTURE.match(str(architecture))
+    family = match.group("family").lstrip("_") if match else None
+    if match and match.group("kind") == "deit3":
+        family = "deit3" if not family else None
+    if not match or match.group("size") not in TIMM_SIZES or family not in TIMM_FAMILIES \
+            or "distilled" in str(architecture):
+        raise ValueError(
+            "keras_vit reads timm's VisionTransformer architectures vit_*, deit_* and deit3_* of sizes "
+            f"{', '.join(TIMM_SIZES)} in the families original, DeiT III, DINOv2 (with registers), CLIP and "
+            f"SigLIP; not distilled DeiT (a second token and head) nor other models. "
+            f"Received: architecture={architecture!r}"
+        )
+    size, patch = match.group("size"), int(match.group("patch"))
+    embed_dim, depth, num_heads, mlp_ratio = TIMM_SIZES[size]
+    args = dict(patch_size=patch, embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
+                **TIMM_FAMILIES[family])
+    if match.group("res"):
+        args["img_size"] = int(match.group("res"))
+    if match.group("registers"):
+        args.update(reg_tokens=int(match.group("registers")), no_embed_class=True)
+    if family.startswith("siglip") and (size, patch, args.get("img_size")) in _SIGLIP2_TANH:
+        args["act_layer"] = "gelu_tanh"
+    return args
+
+
+def config_args(config):
+    """timm `VisionTransformer` arguments and the preprocessing of a Hub
+    `config.json` (timm's format: `architecture`, `num_classes`,
+    `global_pool`, `model_args`, `pretrained_cfg`): `(args, pretrained_cfg)`."""
+    if not isinstance(config, dict) or not isinstance(config.get("architecture"), str):
+        raise ValueError("A timm config.json names its `architecture` (e.g. vit_base_patch16_224). "
+                         f"Received: {str(config)[:200]}")
+    pretrained = dict(config.get("pretrained_cfg") or {})
+    if "pretrained_cfg" not in config:  # timm's older single-dict form
+        pretrained = {k: v for k, v in config.items() if k not in ("architecture", "model_args")}
+    args = architecture_args(config["architecture"])
+    if pretrained.get("input_size"):
+        args["img_size"] = tuple(pretrained["input_size"][-2:])
+    if "num_classes" in pretrained:
+        args["num_classes"] = pretrained["num_classes"]
+    for key in ("num_classes", "global_pool"):
+        if key in config:
+            args[key] = config[key]
+    model_args = dict(config.get("model_args") or {})
+    if "act_layer" in model_args and not isinstance(model_args["act_layer"], str):
+        raise ValueError(f"model_args.act_layer must be a name. Received: {model_args['act_layer']!r}")
+    args.update(model_args)
+    if isinstance(args.get("img_size"), (list, tuple)):
+        args["img_size"] = tuple(args["img_size"])
+    return args, pretrained
+
+
+# ---------------------------------------------------------------------------
+# Back to timm.
+# ---------------------------------------------------------------------------
+
+# The timm architecture an export names, by LayerNorm epsilon: `model_args`
+# gives every other argument, but timm's `norm_layer` is not JSON, so the
+# entry point must set it (CLIP's sets 1e-5; pre_norm is overridden).
+_EXPORT_ARCHITECTURES = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
+
+
+def timm_args(model):
+    """`(architecture, arguments)`: the timm entry point and the
+    `VisionTransformer` arguments (`model_args`) of a keras_vit model; what
+    timm cannot express is a ValueError naming it."""
+    from keras_vit import layers as vit_layers
+
+    parts = anatomy(model)
+    names = {layer.name: layer for layer in model.layers}
+    block = model.get_layer(parts.block_names[0])
+    problems = []
+    if parts.hybrid:
+        problems.append("a hybrid's ResNet stem")
+    if parts.has_pre_logits:
+        problems.append("a pre_logits layer (representation_size)")
+    if block.layer_norm_epsilon not in _EXPORT_ARCHITECTURES:
+        problems.append(f"layer_norm_epsilon={block.layer_norm_epsilon:g} (timm's entry points: 1e-6, 1e-5)")
+    pre_norm = "pre_norm" in names
+    if names["embedding"].use_bias == pre_norm:
+        problems.append(f"patch_bias={names['embedding'].use_bias} with pre_norm={pre_norm} (timm: a bias "
+                        "exactly without pre_norm)")
+    pool = names.get("map_head") or names.get("pool")
+    if "head" in names and pool is None:
+        problems.append("an unpooled classifier")
+    if problems:
+        raise ValueError(f"timm's VisionTransformer cannot express {', '.join(problems)}. "
+                         f"Received: model={model.name!r}")
+    if isinstance(pool, vit_layers.AttentionPooling):
+        global_pool = "map"
+    elif isinstance(pool, vit_layers.SequencePooling):
+        global_pool = "token" if pool.method == "token" else "avg"
+    else:
+        global_pool = ""
+    gelus = {keras_name: timm_name for timm_name, keras_name in TIMM_GELUS.items()}
+    return _EXPORT_ARCHITECTURES[block.layer_norm_epsilon], dict(
+        img_size=list(parts.image_size), patch_size=parts.embedding_patch_size[0], embed_dim=parts.hidden_size,
+        depth=parts.num_layers, num_heads=parts.num_heads, mlp_ratio=parts.mlp_dim / parts.hidden_size,
+        class_token=parts.has_class_token, reg_tokens=parts.num_prefix_tokens - int(parts.has_class_token),
+        no_embed_class=parts.posemb_prefix_tokens == 0 and parts.num_prefix_tokens > 0,
+        init_values=block.layer_scale_init, pre_norm=pre_norm, fc_norm="fc_norm" in names,
+        global_pool=global_pool, num_classes=parts.num_classes or 0, act_layer=gelus[block.gelu],
+    )
+
+
+def timm_state(model):
+    """The model's weights as timm's state dict (`{key: float32 array}`)."""
+    import keras
+
+    state, fused = {}, {}
+    for key, (variable, layout) in timm_variables(model).items():
+        value = layout.back(np.asarray(keras.ops.convert_to_numpy(variable.value), np.float32))
+        if "/" in key:
+            fused.setdefault(key.split("/")[0], {})[key.split("/")[1]] = value
+        else:
+            state[key] = value
+    for key, pieces in fused.items():
+        state[key] = np.concatenate([pieces[part] for part in _fused_parts(key)], axis=0)
+    # Row-major copies: safetensors writes an array's buffer as it lies, and
+    # a transposed view's buffer is in the other order.
+    return {key: np.ascontiguousarray(value) for key, value in state.items()}

@@ -28,6 +28,8 @@ FAMILIES = {
     "clip_openai": dict(pre_norm=True, act_layer="quick_gelu", layer_norm_eps=1e-5),
     "clip_laion": dict(pre_norm=True, layer_norm_eps=1e-5),
     "gap_fc_norm": dict(global_pool="avg", class_token=False),
+    "siglip": dict(class_token=False, global_pool="map"),
+    "siglip2_tanh": dict(class_token=False, global_pool="map", act_layer="gelu_tanh"),
     "features_only": dict(num_classes=0),
 }
 
@@ -75,8 +77,21 @@ def test_a_state_dict_of_other_options_is_refused_and_nothing_changes():
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
 
 
-@pytest.mark.parametrize("arg, value", [("qk_norm", True), ("global_pool", "map"), ("act_layer", "silu"),
+@pytest.mark.parametrize("arg, value", [("qk_norm", True), ("global_pool", "max"), ("act_layer", "silu"),
                                         ("proj_bias", False), ("dynamic_img_pad", True)])
 def test_options_keras_vit_cannot_express_are_named(arg, value):
     with pytest.raises(ValueError, match=arg):
         timm_weights.builder_kwargs({arg: value})
+
+
+@pytest.mark.parametrize("new", [(6, 6), (3, 2), (8, 13), (4, 5)])
+def test_bicubic_antialias_is_pytorchs(new):
+    """timm resamples position embeddings with PyTorch's antialiased bicubic
+    (Keys' kernel with a = -0.5, widened when shrinking)."""
+    from keras_vit.layers.position_embedding import resample_grid
+
+    grid = np.random.default_rng(0).normal(size=(4, 5, 3)).astype("float32")
+    expected = torch.nn.functional.interpolate(
+        torch.from_numpy(grid).permute(2, 0, 1)[None], size=new, mode="bicubic", antialias=True,
+        align_corners=False)[0].permute(1, 2, 0).numpy()
+    np.testing.assert_allclose(resample_grid(grid, new, "bicubic_antialias"), expected, atol=2e-6)

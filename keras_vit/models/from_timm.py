@@ -1,0 +1,103 @@
+"""keras_vit models of timm checkpoints (the Hugging Face Hub's ViT weights)."""
+
+import logging
+
+from keras_vit.models.vit import ViT
+from keras_vit.weights import hub
+from keras_vit.weights import timm as timm_format
+
+logger = logging.getLogger("keras_vit")
+
+
+def from_timm(
+    source,
+    num_classes=None,
+    input_shape=None,
+    include_top=True,
+    pooling="default",
+    include_preprocessing=False,
+    posemb_interpolation="bicubic_antialias",
+    revision=None,
+    token=None,
+    cache_dir=None,
+    local_files_only=False,
+    name=None,
+    **kwargs,
+):
+    """Builds the keras_vit model of a timm ViT checkpoint and loads it.
+
+    The architecture, image size, classes, pooling and normalisation come
+    from the checkpoint's own `config.json` (timm's `architecture`,
+    `model_args` and `pretrained_cfg`); an architecture or option keras_vit
+    cannot express is refused, naming it, before the weights are
+    downloaded. Logits and features equal timm's (docs/weights.md lists the
+    families).
+
+    Args:
+        source: a Hub repository, `"hf-hub:timm/NAME"`, `"timm/NAME"` or the
+            timm name with its tag (`"vit_base_patch16_224.augreg2_in21k_ft_in1k"`),
+            fetched through `huggingface_hub` (its cache, `HF_HUB_OFFLINE`,
+            `HF_TOKEN`), or a local directory with `config.json` and
+            `model.safetensors`. Only safetensors are read.
+        num_classes: classes of the head. None: the checkpoint's. Another
+            number gets a zero-initialised head (paper Sec. 3.2).
+        input_shape: `(height, width, 3)`; default the checkpoint's size. The
+            position embeddings are resampled to another grid.
+        include_top: with the head (a checkpoint without one, such as DINOv2's,
+            needs `num_classes`).
+        pooling: with `include_top=False`: `"default"` the checkpoint's own
+            pooling (its pre-logit features), None the token sequence, or
+            `"token"`, `"gap"`, `"map"` as `keras_vit.ViT`.
+        include_preprocessing: take raw pixels in [0, 255], normalised with the
+            checkpoint's mean and std inside the model.
+        posemb_interpolation: `"bicubic_antialias"` (timm's), `"bicubic"` or
+            `"linear"`.
+        revision, token, cache_dir, local_files_only: `huggingface_hub`'s.
+        name: the Keras model's name.
+        **kwargs: further `keras_vit.ViT` keywords (`dropout_rate`,
+            `drop_path_rate`, `remat`, ...).
+
+    Returns:
+        A functional `keras.Model`. The checkpoint's config (its
+        `pretrained_cfg`: resize, crop, interpolation for evaluation) is
+        `keras_vit.weights.hub.fetch(source, config_only=True)[0]`.
+    """
+    config, _, where = hub.fetch(source, revision, token, cache_dir, local_files_only, config_only=True)
+    args, pretrained = timm_format.config_args(config)
+    try:
+        builder = timm_format.builder_kwargs(args)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    checkpoint_classes = builder.pop("num_classes", 0)
+    checkpoint_pooling = builder.pop("pooling", None)
+    builder.pop("include_top")
+    if input_shape is not None:
+        builder["input_shape"] = input_shape
+    if include_top:
+        classes = checkpoint_classes if num_classes is None else num_classes
+        if not classes:
+            raise ValueError(f"{where} has no classification head (a feature extractor): pass num_classes, or "
+                             "include_top=False for its features. Received: num_classes=None")
+        builder.update(include_top=True, num_classes=classes)
+    else:
+        if pooling == "default":
+            pooling = checkpoint_pooling if not checkpoint_classes else {
+                "token": "token", "gap": "gap", "map": "map"}[builder["classifier"]]
+        builder.update(include_top=False, pooling=pooling)
+    if include_preprocessing:
+        builder.update(include_preprocessing=True, pixel_mean=pretrained.get("mean", (0.5,) * 3),
+                       pixel_std=pretrained.get("std", (0.5,) * 3))
+    model = ViT(None, name=name or _model_name(config["architecture"]), **{**builder, **kwargs})
+    _, weights, _ = hub.fetch(source, revision, token, cache_dir, local_files_only)
+    state = hub.read_safetensors(weights)
+    try:
+        notes = timm_format.load_timm_state(model, state, interpolation=posemb_interpolation)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    for note in notes:
+        logger.info("%s: %s", where, note)
+    return model
+
+
+def _model_name(architecture):
+    return "".join(c if c.isalnum() else "_" for c in architecture.lower())

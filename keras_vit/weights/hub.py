@@ -1,0 +1,198 @@
+"""timm checkpoints from the Hugging Face Hub or a local directory, and back.
+
+The Hub is reached through `huggingface_hub` itself (its cache, revisions,
+tokens for gated repositories, `HF_HUB_OFFLINE`, resumable downloads), and
+only `safetensors` files are read: PyTorch's `.bin`/`.pth` files are pickles,
+which can run code when loaded, and are refused. Both packages are the
+optional extra `keras-vit[hub]`.
+"""
+
+import json
+import os
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+# The pickled weight files timm also publishes (timm/models/_hub.py).
+PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.pth", "model.pth", "open_clip_pytorch_model.bin")
+HUB_PREFIX = "hf-hub:"
+
+
+def _require(module):
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise ImportError(
+            f"Loading timm checkpoints needs the `{module.split('.')[0]}` package: "
+            "pip install 'keras-vit[hub]' (huggingface_hub and safetensors)."
+        ) from None
+
+
+def hub_repo(source):
+    """The Hub repository of a `source` that names one: `"hf-hub:timm/NAME"`,
+    `"timm/NAME"` or a bare timm name with its tag (`"NAME.TAG"`,
+    e.g. `vit_base_patch16_224.augreg2_in21k_ft_in1k`); None for a local
+    path."""
+    source = os.fspath(source)
+    if source.startswith(HUB_PREFIX):
+        return source[len(HUB_PREFIX):]
+    if os.path.exists(source):
+        return None
+    if source.count("/") == 1 and not source.startswith((".", "/")):
+        return source
+    if "/" not in source and "." in source:
+        return f"timm/{source}"
+    return None
+
+
+def read_safetensors(path):
+    """`{key: numpy array}` of a safetensors file; a damaged or truncated
+    file is a ValueError naming it."""
+    numpy_io = _require("safetensors.numpy")
+    try:
+        return dict(numpy_io.load_file(path))
+    except Exception as error:  # safetensors raises its own error types
+        raise ValueError(
+            f"{path} is not a readable safetensors file ({type(error).__name__}: {error}); a download may "
+            f"have been cut short: delete it and load again. Received: {path}"
+        ) from None
+
+
+def _read_config(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path} is not a readable timm config.json ({error}). Received: {path}") from None
+
+
+def _local(directory):
+    config = os.path.join(directory, CONFIG_NAME)
+    weights = os.path.join(directory, WEIGHTS_NAME)
+    if not os.path.exists(weights):
+        pickles = [name for name in PICKLE_NAMES if os.path.exists(os.path.join(directory, name))]
+        if pickles:
+            raise ValueError(_pickle_message(directory, pickles))
+        raise ValueError(f"{directory} has no {WEIGHTS_NAME}. Received: {directory}")
+    if not os.path.exists(config):
+        raise ValueError(f"{directory} has no {CONFIG_NAME} (timm's description of the model). Received: {directory}")
+    return config, weights
+
+
+def _pickle_message(where, names=None):
+    found = f"only PyTorch pickle weights ({', '.join(names)})" if names else f"no {WEIGHTS_NAME}"
+    return (
+        f"{where} has {found}; keras_vit reads safetensors only (unpickling PyTorch's .bin/.pth files can run "
+        f"arbitrary code). Convert the weights to {WEIGHTS_NAME} first, or pick a repository that has one. "
+        f"Received: {where}"
+    )
+
+
+def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=False, config_only=False):
+    """`(config dict, path of model.safetensors or None, description)` of a
+    timm checkpoint: a Hub repository (see `hub_repo`) through
+    `huggingface_hub`, or a local directory holding `config.json` and
+    `model.safetensors`. With `config_only`, nothing but the config is
+    downloaded (so that an unsupported architecture is refused first)."""
+    repo = hub_repo(source)
+    if repo is None:
+        directory = os.fspath(source)
+        if not os.path.isdir(directory):
+            raise ValueError(
+                "`source` must be a Hub repository (hf-hub:timm/NAME, timm/NAME or NAME.TAG) or a local "
+                f"directory with {CONFIG_NAME} and {WEIGHTS_NAME}. Received: source={source!r}"
+            )
+        config, weights = _local(directory)
+        return _read_config(config), (None if config_only else weights), directory
+    hub = _require("huggingface_hub")
+    errors = _require("huggingface_hub.errors")
+    options = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
+
+    def download(filename):
+        # LocalEntryNotFoundError is an EntryNotFoundError too: it comes first.
+        try:
+            return hub.hf_hub_download(repo, filename, **options)
+        except errors.LocalEntryNotFoundError as error:  # offline (or local_files_only) and not cached
+            cached_pickles = [name for name in PICKLE_NAMES if isinstance(
+                hub.try_to_load_from_cache(repo, name, cache_dir=cache_dir, revision=revision), str)]
+            if filename == WEIGHTS_NAME and cached_pickles:
+                raise ValueError(_pickle_message(f"hf-hub:{repo}", cached_pickles)) from None
+            raise ValueError(
+                f"hf-hub:{repo}: {filename} is not in the local Hugging Face cache and cannot be downloaded "
+                f"now (offline: HF_HUB_OFFLINE or local_files_only, or no network). Connect once to "
+                f"download it. Received: source={source!r}"
+            ) from error
+        except errors.EntryNotFoundError:  # the repository has no such file
+            return None
+        except errors.RepositoryNotFoundError:
+            raise ValueError(f"hf-hub:{repo} is not a Hub repository (or it is gated or private: pass a "
+                             f"token). Received: source={source!r}") from None
+        except errors.RevisionNotFoundError:
+            raise ValueError(f"hf-hub:{repo} has no revision {revision!r}. Received: revision={revision!r}") from None
+
+    config = download(CONFIG_NAME)
+    if config is None:
+        raise ValueError(f"hf-hub:{repo} has no {CONFIG_NAME}: not a timm model repository. "
+                         f"Received: source={source!r}")
+    config = _read_config(config)
+    if config_only:
+        return config, None, f"hf-hub:{repo}"
+    weights = download(WEIGHTS_NAME)
+    if weights is None:
+        raise ValueError(_pickle_message(f"hf-hub:{repo}"))
+    return config, weights, f"hf-hub:{repo}"
+
+
+def export_timm(model, directory, pixel_mean=None, pixel_std=None):
+    """Writes `model` as a timm checkpoint: `directory/model.safetensors`
+    and `config.json` (timm's Hub format: `architecture`, `model_args`,
+    `pretrained_cfg`), which `timm.create_model("local-dir:" + directory,
+    pretrained=True)` (or the Hub, once uploaded) loads with keras_vit's
+    logits; `keras_vit.from_timm(directory)` reads it back. The original
+    architecture exports with timm's tanh GELU (`act_layer="gelu_tanh"`).
+
+    `pixel_mean`, `pixel_std`: the normalisation the model expects, for
+    pixels in [0, 1]; default the model's `include_preprocessing` layer's,
+    else the original's (0.5, 0.5). Each file is written to a temporary name
+    and renamed, so a reader never sees half a file. Returns `directory`.
+    """
+    import tempfile
+
+    from keras_vit.weights import timm as timm_format
+
+    architecture, args = timm_format.timm_args(model)
+    state = timm_format.timm_state(model)
+    numpy_io = _require("safetensors.numpy")
+    if pixel_mean is None and pixel_std is None:
+        layers = {layer.name: layer for layer in model.layers}
+        layer = layers.get("preprocess_input")
+        pixel_mean, pixel_std = (layer.pixel_mean, layer.pixel_std) if layer is not None else (None, None)
+    pixel_mean = list(pixel_mean or (0.5, 0.5, 0.5))
+    pixel_std = list(pixel_std or (0.5, 0.5, 0.5))
+    config = {
+        "architecture": architecture, "num_classes": args["num_classes"], "num_features": args["embed_dim"],
+        "global_pool": args["global_pool"], "model_args": {**args, "in_chans": 3},
+        "pretrained_cfg": {
+            "tag": "keras_vit", "custom_load": False, "input_size": [3, *args["img_size"]],
+            "fixed_input_size": True, "interpolation": "bicubic", "crop_pct": 1.0, "crop_mode": "center",
+            "mean": pixel_mean, "std": pixel_std, "num_classes": args["num_classes"],
+            "first_conv": "patch_embed.proj", "classifier": "head",
+        },
+    }
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    for name, write in ((WEIGHTS_NAME, lambda path: numpy_io.save_file(state, path)),
+                        (CONFIG_NAME, lambda path: _write_text(path, json.dumps(config, indent=2) + "\n"))):
+        handle, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-", dir=directory)
+        os.close(handle)
+        try:
+            write(tmp)
+            os.replace(tmp, os.path.join(directory, name))
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+    return directory
+
+
+def _write_text(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -1,0 +1,234 @@
+"""Issue 24: timm checkpoints by Hub name through `huggingface_hub`, and back.
+
+Each family's model is built by timm itself from its real name and tag
+(tiny widths, random weights), saved with timm's own `save_for_hf`
+(`config.json` + `model.safetensors`) into a Hugging Face cache laid out as
+the Hub client writes it, and loaded by name with the client offline:
+`keras_vit.from_timm` must give timm's logits and pre-logit features within
+1e-4 of their largest magnitude, on every backend. One test runs a real
+process with `HF_HUB_OFFLINE=1`, as users do."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import keras_vit
+from tests.helpers import ROOT, assert_close_rel
+
+pytestmark = pytest.mark.timm
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+pytest.importorskip("huggingface_hub")
+pytest.importorskip("safetensors")
+from timm.models._hub import save_for_hf  # noqa: E402
+
+TINY = dict(embed_dim=32, depth=2, num_heads=2, patch_size=8, img_size=32)
+# One real timm name per family of the issue (architecture.tag).
+FAMILIES = {
+    "original": "vit_base_patch16_224.augreg2_in21k_ft_in1k",
+    "deit": "deit_base_patch16_224.fb_in1k",
+    "deit3": "deit3_base_patch16_224.fb_in1k",
+    "dino": "vit_small_patch16_224.dino",
+    "dinov2": "vit_small_patch14_dinov2.lvd142m",
+    "dinov2_registers": "vit_small_patch14_reg4_dinov2.lvd142m",
+    "clip_openai": "vit_base_patch16_clip_quickgelu_224.openai",
+    "clip_laion": "vit_base_patch16_clip_224.laion2b",
+    "siglip": "vit_base_patch16_siglip_224.webli",
+}
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def timm_model(name, **args):
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, **{**TINY, **args})
+    with torch.no_grad():  # every weight random (LayerScale's too)
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def publish(cache, name, model=None, files=None):
+    """A Hub repository `timm/<name>` in the cache `cache`, as the client
+    lays it out: `refs/main` names the snapshot holding the files. With
+    `model`, timm's own `save_for_hf` writes them."""
+    snapshot = cache / f"models--timm--{name}" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text(COMMIT)
+    if model is not None:
+        save_for_hf(model, str(snapshot), model_args=dict(TINY), safe_serialization=True)
+    for filename, content in (files or {}).items():
+        (snapshot / filename).write_bytes(content)
+    return snapshot
+
+
+def reference(model, images):
+    """timm's logits (or None without a head) and pre-logit features."""
+    with torch.no_grad():
+        x = torch.from_numpy(images.transpose(0, 3, 1, 2))
+        features = model.forward_head(model.forward_features(x), pre_logits=True).numpy()
+        logits = model(x).numpy() if model.num_classes else None
+    return logits, features
+
+
+def images(size=32, batch=2):
+    return np.random.default_rng(1).uniform(-1, 1, (batch, size, size, 3)).astype("float32")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_by_hub_name_gives_timms_logits_and_features(family, tmp_path):
+    name = FAMILIES[family]
+    model = timm_model(name)
+    publish(tmp_path, name, model)
+    x = images()
+    logits, features = reference(model, x)
+    hub = dict(cache_dir=tmp_path, local_files_only=True)
+    if logits is not None:
+        ours = keras_vit.from_timm(f"timm/{name}", **hub)
+        assert ours.output.shape[-1] == model.num_classes
+        assert_close_rel(ours.predict(x, verbose=0), logits, tol=1e-4)
+    backbone = keras_vit.from_timm(name, include_top=False, **hub)  # the bare name: timm/<name>
+    assert_close_rel(backbone.predict(x, verbose=0), features, tol=1e-4)
+
+
+def test_raw_pixels_are_normalised_with_the_checkpoints_mean_and_std(tmp_path):
+    name = FAMILIES["deit"]  # ImageNet's mean and std, not the original's 0.5
+    model = timm_model(name)
+    publish(tmp_path, name, model)
+    pixels = np.random.default_rng(2).integers(0, 256, (2, 32, 32, 3), dtype="uint8")
+    mean, std = np.array(model.pretrained_cfg["mean"]), np.array(model.pretrained_cfg["std"])
+    logits, _ = reference(model, ((pixels / 255.0 - mean) / std).astype("float32"))
+    ours = keras_vit.from_timm(f"hf-hub:timm/{name}", include_preprocessing=True, cache_dir=tmp_path,
+                               local_files_only=True)
+    assert_close_rel(ours.predict(pixels, verbose=0), logits, tol=1e-4)
+
+
+def test_another_resolution_resamples_the_position_embeddings_as_timm(tmp_path):
+    name = FAMILIES["original"]
+    publish(tmp_path, name, timm_model(name))
+    snapshot = tmp_path / f"models--timm--{name}" / "snapshots" / COMMIT
+    bigger = timm.create_model(f"local-dir:{snapshot}", pretrained=True, img_size=48).eval()
+    logits, _ = reference(bigger, images(48))
+    ours = keras_vit.from_timm(name, input_shape=(48, 48, 3), cache_dir=tmp_path, local_files_only=True)
+    assert_close_rel(ours.predict(images(48), verbose=0), logits, tol=1e-4)
+
+
+def test_another_number_of_classes_gets_a_zero_head(tmp_path):
+    name = FAMILIES["dinov2"]  # no head in the checkpoint
+    publish(tmp_path, name, timm_model(name))
+    hub = dict(cache_dir=tmp_path, local_files_only=True)
+    with pytest.raises(ValueError, match="num_classes"):
+        keras_vit.from_timm(name, **hub)
+    model = keras_vit.from_timm(name, num_classes=3, **hub)
+    assert np.all(model.predict(images(), verbose=0) == 0.0)
+
+
+def test_load_weights_by_hub_name_into_an_existing_model(tmp_path):
+    name = FAMILIES["deit3"]
+    publish(tmp_path, name, timm_model(name))
+    built = keras_vit.from_timm(name, cache_dir=tmp_path, local_files_only=True)
+    other = keras_vit.ViT(None, hidden_size=32, mlp_dim=128, num_heads=2, num_layers=2, patch_size=8,
+                          input_shape=(32, 32, 3), num_classes=1000)  # no LayerScale: refused, unchanged
+    before = other.get_weights()
+    snapshot = tmp_path / f"models--timm--{name}" / "snapshots" / COMMIT
+    with pytest.raises(ValueError, match="ls1.gamma"):
+        keras_vit.load_weights(other, str(snapshot / "model.safetensors"))
+    assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights()))
+    same = keras_vit.ViT(None, hidden_size=32, mlp_dim=128, num_heads=2, num_layers=2, patch_size=8,
+                         input_shape=(32, 32, 3), num_classes=1000, gelu="exact", layer_scale_init=1e-6,
+                         no_embed_class=True)
+    keras_vit.load_weights(same, str(snapshot))
+    assert_close_rel(same.predict(images(), verbose=0), built.predict(images(), verbose=0), tol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["original", "deit3", "siglip"])
+def test_export_timm_round_trips_through_timms_own_loader(kind, tmp_path):
+    """A keras_vit model (the original architecture: timm's tanh GELU) goes
+    to timm with equal logits, and comes back with `from_timm`."""
+    options = {"original": {}, "deit3": dict(gelu="exact", layer_scale_init=0.1, no_embed_class=True),
+               "siglip": dict(classifier="map", gelu="exact")}[kind]
+    model = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, patch_size=8,
+                          input_shape=(32, 32, 3), num_classes=5, **options)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.3, tuple(variable.shape)).astype("float32"))
+    directory = keras_vit.export_timm(model, tmp_path / "export")
+    assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors"]
+    theirs = timm.create_model(f"local-dir:{directory}", pretrained=True).eval()
+    logits, _ = reference(theirs, images())
+    ours = model.predict(images(), verbose=0)
+    assert_close_rel(ours, logits, tol=1e-4)
+    assert_close_rel(keras_vit.from_timm(directory).predict(images(), verbose=0), ours, tol=1e-6)
+
+
+def test_what_timm_cannot_express_is_not_exported(tmp_path):
+    hybrid = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=2,
+                           resnet=(), resnet_width_factor=0.5, input_shape=(32, 32, 3), num_classes=3)
+    with pytest.raises(ValueError, match="hybrid"):
+        keras_vit.export_timm(hybrid, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+# --- Errors: each before anything is loaded ---
+
+def test_a_pickle_only_repository_is_refused(tmp_path):
+    config = json.dumps({"architecture": "vit_base_patch16_224", "model_args": TINY}).encode()
+    publish(tmp_path, "pickled", files={"config.json": config, "pytorch_model.bin": b"\x80\x04not loaded"})
+    with pytest.raises(ValueError, match="pytorch_model.bin.*safetensors only"):
+        keras_vit.from_timm("timm/pickled", cache_dir=tmp_path, local_files_only=True)
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"architecture": "deit_base_distilled_patch16_224"}, "deit_base_distilled_patch16_224"),
+    ({"architecture": "vit_base_patch16_224", "model_args": {"qk_norm": True}}, "qk_norm"),
+    ({"architecture": "resnet50"}, "resnet50"),
+])
+def test_an_unsupported_checkpoint_is_refused_before_its_weights_are_fetched(config, named, tmp_path):
+    # Only config.json is cached: fetching the weights would fail otherwise.
+    publish(tmp_path, "unsupported", files={"config.json": json.dumps(config).encode()})
+    with pytest.raises(ValueError, match=named):
+        keras_vit.from_timm("timm/unsupported", cache_dir=tmp_path, local_files_only=True)
+
+
+def test_missing_and_damaged_files_are_named(tmp_path):
+    name = FAMILIES["original"]
+    snapshot = publish(tmp_path, name, timm_model(name))
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "config.json").write_bytes((snapshot / "config.json").read_bytes())
+    with pytest.raises(ValueError, match="has no model.safetensors"):
+        keras_vit.from_timm(str(local))
+    weights = (snapshot / "model.safetensors").read_bytes()
+    (local / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a cut-short download
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        keras_vit.from_timm(str(local))
+
+
+def test_offline_with_nothing_cached_says_so(tmp_path):
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache"):
+        keras_vit.from_timm("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", cache_dir=tmp_path / "empty",
+                            local_files_only=True)
+
+
+def test_a_user_process_offline_loads_by_name_from_the_hub_cache(tmp_path):
+    """As users run it: HF_HUB_OFFLINE=1 and the cache in HF_HUB_CACHE, no
+    keyword but the name."""
+    import keras
+
+    name = FAMILIES["clip_laion"]
+    model = timm_model(name)
+    publish(tmp_path, name, model)
+    np.save(tmp_path / "x.npy", images())
+    code = ("import sys, numpy as np, keras_vit; m = keras_vit.from_timm(sys.argv[1]); "
+            "np.save(sys.argv[2], m.predict(np.load(sys.argv[3]), verbose=0))")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path), KERAS_BACKEND=keras.backend.backend(),
+               PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-c", code, name, str(tmp_path / "y.npy"), str(tmp_path / "x.npy")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logits, _ = reference(model, images())
+    assert_close_rel(np.load(tmp_path / "y.npy"), logits, tol=1e-4)
