@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit import inspect as vi
-from tests.helpers import ROOT, randomize_weights
+from tests.helpers import ROOT, randomize_weights, tiny_model
 
 RECIPE = os.path.join(ROOT, "recipes", "inspect_vit.py")
 TINY = dict(hidden_size=16, num_layers=2, num_heads=2, mlp_dim=32)
@@ -293,6 +293,18 @@ def test_write_figures_plain_png(plain, tmp_path):
         assert arrays["mean_attention_distance"].shape == (2, 2)
         # At most D - 1 = 15 components of the centred 16 filters.
         assert arrays["filter_components"].shape == (15, 8, 8, 3)
+        assert np.nanmax(arrays["rollout_grid_maps"]) == pytest.approx(1.0)
+
+
+def test_write_figures_with_register_tokens_and_patch_only_position_embeddings(tmp_path):
+    """Issue 24: a DINOv2-with-registers-like model (class + 2 register
+    tokens, position embeddings for the patches only): the maps cover the
+    patch grid, the class token is the rollout's source."""
+    model = randomize_weights(tiny_model("registers"))
+    written = vi.write_figures(model, _images((16, 24, 3), count=3), tmp_path, rollout_images=2)
+    with np.load(written["arrays"]) as arrays:
+        assert arrays["rollout_grid_maps"].shape == (2, 2, 3)
+        assert arrays["posemb_similarity"].shape == (2, 3, 2, 3)
         assert np.nanmax(arrays["rollout_grid_maps"]) == pytest.approx(1.0)
 
 

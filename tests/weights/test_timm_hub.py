@@ -232,3 +232,37 @@ def test_a_user_process_offline_loads_by_name_from_the_hub_cache(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     logits, _ = reference(model, images())
     assert_close_rel(np.load(tmp_path / "y.npy"), logits, tol=1e-4)
+
+
+@pytest.mark.large
+@pytest.mark.one_backend  # the structure: every key and shape, without a forward pass
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_every_family_at_full_size_has_timms_keys_and_shapes(family):
+    """The architecture table at the real sizes: timm's model of the real
+    name (on PyTorch's meta device: no memory) and keras_vit's model built
+    from the same name hold the same keys with the same shapes."""
+    from keras_vit.weights import timm as timm_format
+
+    name = FAMILIES[family]
+    with torch.device("meta"):
+        theirs = timm.create_model(name, pretrained=False)
+    expected = {key: tuple(value.shape) for key, value in theirs.state_dict().items()}
+    args = {**timm_format.architecture_args(name.split(".")[0]), "num_classes": theirs.num_classes,
+            "img_size": tuple(theirs.pretrained_cfg["input_size"][-2:])}
+    ours = keras_vit.ViT(None, **timm_format.builder_kwargs(args))
+    state = timm_format.timm_state(ours)
+    assert {key: tuple(value.shape) for key, value in state.items()} == expected
+    assert ours.count_params() == sum(value.numel() for value in theirs.parameters())
+
+
+@pytest.mark.large
+def test_a_full_size_checkpoint_gives_timms_logits(tmp_path):
+    name = FAMILIES["original"]  # ViT-B/16 at 224 px, 1,000 classes
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    snapshot = publish(tmp_path, name)
+    save_for_hf(model, str(snapshot), safe_serialization=True)
+    x = images(224, batch=1)
+    logits, _ = reference(model, x)
+    ours = keras_vit.from_timm(name, cache_dir=tmp_path, local_files_only=True)
+    assert_close_rel(ours.predict(x, verbose=0), logits, tol=1e-4)
