@@ -30,7 +30,7 @@ MODEL_KINDS = {
     # against timm): DINOv2 with registers, and a CLIP-like pre-norm model
     # pooling by average with a class token and fc_norm.
     "registers": dict(patch_size=8, input_shape=(16, 24, 3), num_classes=4, gelu="exact", layer_scale_init=0.1,
-                      num_register_tokens=2, no_embed_class=True),
+                      num_register_tokens=2, no_embed_class=True, qk_norm=True),
     "pre_norm_fc_norm": dict(patch_size=8, input_shape=(16, 16, 3), num_classes=3, gelu="quick", pre_norm=True,
                              patch_bias=False, layer_norm_epsilon=1e-5, classifier="gap", class_token=True,
                              fc_norm=True),

@@ -2,7 +2,7 @@
 
 from keras_vit.layers.attention_pooling import AttentionPooling
 from keras_vit.layers.class_token import ClassToken
-from keras_vit.layers.encoder_block import MlpBlock, TransformerEncoderBlock
+from keras_vit.layers.encoder_block import MlpBlock, QKNormAttention, TransformerEncoderBlock
 from keras_vit.layers.patch_embedding import PatchEmbedding
 from keras_vit.layers.pooling import SequencePooling
 from keras_vit.layers.preprocess_input import PreprocessInput
@@ -19,6 +19,7 @@ __all__ = [
     "MlpBlock",
     "PatchEmbedding",
     "PreprocessInput",
+    "QKNormAttention",
     "SequencePooling",
     "StdConv2D",
     "TransformerEncoderBlock",

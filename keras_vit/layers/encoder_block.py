@@ -98,6 +98,44 @@ class MlpBlock(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+class QKNormAttention(keras.layers.MultiHeadAttention):
+    """`keras.layers.MultiHeadAttention` with qk-norm: a LayerNorm over each
+    head's query and key vectors (head_dim) before their dot product
+    (Dehghani et al., "Scaling Vision Transformers to 22 Billion
+    Parameters", 2023; timm's `qk_norm`: one scale and bias of head_dim
+    shared by the heads). Overrides `_compute_attention`, the hook Keras
+    documents for custom attention, so the fused and the explicit
+    (attention scores) paths both normalise.
+
+    Args:
+        qk_norm_epsilon: float. Defaults to 1e-6.
+        **kwargs: `keras.layers.MultiHeadAttention`'s.
+    """
+
+    def __init__(self, *args, qk_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.qk_norm_epsilon = qk_norm_epsilon
+
+    def build(self, query_shape, value_shape, key_shape=None):
+        super().build(query_shape, value_shape, key_shape)
+        head_shape = (*query_shape[:-1], self.num_heads, self.key_dim)
+        self.query_norm = keras.layers.LayerNormalization(
+            epsilon=self.qk_norm_epsilon, name="query_norm", dtype=self.dtype_policy)
+        self.key_norm = keras.layers.LayerNormalization(
+            epsilon=self.qk_norm_epsilon, name="key_norm", dtype=self.dtype_policy)
+        self.query_norm.build(head_shape)
+        self.key_norm.build(head_shape)
+
+    def _compute_attention(self, query, key, value, *args, **kwargs):
+        return super()._compute_attention(self.query_norm(query), self.key_norm(key), value, *args, **kwargs)
+
+    def get_config(self):
+        config = super().get_config()
+        config["qk_norm_epsilon"] = self.qk_norm_epsilon
+        return config
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
 class TransformerEncoderBlock(keras.layers.Layer):
     """One ViT encoder block: pre-LayerNorm attention and MLP, with residuals.
 
@@ -126,6 +164,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
             the initial value of LayerScale's per-channel factors on each
             residual branch (Touvron et al., CaiT; DeiT III and DINOv2 use
             1e-5 to 1e-6): `x + gamma * branch`.
+        qk_norm: bool. LayerNorm on each head's queries and keys
+            (`QKNormAttention`). Defaults to False.
         seed: optional int for the stochastic-depth noise.
         remat: bool. Gradient checkpointing (`keras.remat`): the block's
             activations are recomputed in the backward pass instead of kept,
@@ -155,6 +195,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         layer_norm_epsilon=LAYER_NORM_EPSILON,
         gelu="tanh",
         layer_scale_init=None,
+        qk_norm=False,
         seed=None,
         remat=False,
         **kwargs,
@@ -182,6 +223,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 f"Received: layer_scale_init={layer_scale_init!r}"
             )
         self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
+        if not isinstance(qk_norm, bool):
+            raise ValueError(f"`qk_norm` must be a bool. Received: qk_norm={qk_norm!r}")
+        self.qk_norm = qk_norm
         self.seed = seed
         if not isinstance(remat, bool):
             raise ValueError(f"`remat` must be a bool. Received: remat={remat!r}")
@@ -198,7 +242,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
             )
         norm_kwargs = dict(epsilon=self.layer_norm_epsilon, dtype=self.dtype_policy)
         self.layer_norm_0 = keras.layers.LayerNormalization(name="LayerNorm_0", **norm_kwargs)
-        self.attention = keras.layers.MultiHeadAttention(
+        attention_kwargs = dict(qk_norm_epsilon=self.layer_norm_epsilon) if self.qk_norm else {}
+        self.attention = (QKNormAttention if self.qk_norm else keras.layers.MultiHeadAttention)(
+            **attention_kwargs,
             num_heads=self.num_heads,
             key_dim=hidden_size // self.num_heads,
             dropout=self.attention_dropout_rate,
@@ -316,6 +362,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 "layer_norm_epsilon": self.layer_norm_epsilon,
                 "gelu": self.gelu,
                 "layer_scale_init": self.layer_scale_init,
+                "qk_norm": self.qk_norm,
                 "seed": self.seed,
                 "remat": self.remat,
             }

@@ -30,6 +30,7 @@ EXTRA_FIELDS = dict(
     pre_norm=False,  # a LayerNorm before the encoder [norm_pre]
     fc_norm=False,  # the final LayerNorm after pooling, not before
     patch_bias=True,
+    qk_norm=False,  # LayerNorm on each head's queries and keys
 )
 
 
@@ -183,7 +184,8 @@ def ViT(
             (position embeddings without the prefix tokens' rows, added
             before they are prepended), `layer_scale_init` (LayerScale),
             `pre_norm` (a LayerNorm before the encoder), `fc_norm` (the final
-            LayerNorm after pooling) and `patch_bias` (True).
+            LayerNorm after pooling), `patch_bias` (True) and `qk_norm`
+            (False).
 
     Inputs are NHWC floats in [-1, 1] (see `keras_vit.preprocess_input`), or
     pixels in [0, 255] with `include_preprocessing=True`.
@@ -308,6 +310,7 @@ def ViT(
             layer_norm_epsilon=norm_epsilon,
             gelu=fields["gelu"],
             layer_scale_init=fields["layer_scale_init"],
+            qk_norm=fields["qk_norm"],
             remat=remat,
             name=f"encoderblock_{i}",
         )(x)
@@ -384,7 +387,7 @@ def _check_family_options(fields):
         raise ValueError(
             f"`num_register_tokens` must be an int >= 0. Received: num_register_tokens={registers!r}"
         )
-    for name in ("no_embed_class", "pre_norm", "fc_norm", "patch_bias"):
+    for name in ("no_embed_class", "pre_norm", "fc_norm", "patch_bias", "qk_norm"):
         if not isinstance(fields[name], bool):
             raise ValueError(f"`{name}` must be a bool. Received: {name}={fields[name]!r}")
     epsilon = fields["layer_norm_epsilon"]

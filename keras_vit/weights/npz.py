@@ -95,6 +95,8 @@ def original_format_problems(model):
     blocks = [layer for layer in model.layers if isinstance(layer, vit_layers.TransformerEncoderBlock)]
     if blocks:
         block = blocks[0]
+        if block.qk_norm:
+            problems.append("qk_norm=True")
         if block.layer_scale_init is not None:
             problems.append(f"layer_scale_init={block.layer_scale_init:g}")
         if block.gelu != "tanh":

@@ -93,6 +93,9 @@ def timm_variables(model):
         for part, dense in zip("qkv", (attention.query_dense, attention.key_dense, attention.value_dense)):
             mapping[f"{prefix}.attn.qkv.weight/{part}"] = (dense.kernel, _heads(heads))
             mapping[f"{prefix}.attn.qkv.bias/{part}"] = (dense.bias, _heads(heads))
+        if block.qk_norm:
+            mapping.update(_norm(f"{prefix}.attn.q_norm", attention.query_norm))
+            mapping.update(_norm(f"{prefix}.attn.k_norm", attention.key_norm))
         mapping[f"{prefix}.attn.proj.weight"] = (attention.output_dense.kernel, _heads(heads, out=True))
         mapping[f"{prefix}.attn.proj.bias"] = (attention.output_dense.bias, _same)
         mapping.update(_linear(f"{prefix}.mlp.fc1", block.mlp.dense_0))
@@ -231,7 +234,7 @@ _TIMM_DEFAULTS = dict(
     layer_norm_eps=1e-6,
 )
 # The values keras_vit cannot express: the argument must keep timm's default.
-_FIXED = ("qkv_bias", "qk_norm", "proj_bias", "final_norm", "in_chans")
+_FIXED = ("qkv_bias", "proj_bias", "final_norm", "in_chans")
 
 
 def builder_kwargs(args):
@@ -269,6 +272,7 @@ def builder_kwargs(args):
         fc_norm=pooled == "avg" if a["fc_norm"] is None else bool(a["fc_norm"]),
         # timm's patch embedding has no bias under a pre-norm (CLIP).
         patch_bias=not a["pre_norm"], gelu=TIMM_GELUS[a["act_layer"]], layer_norm_epsilon=a["layer_norm_eps"],
+        qk_norm=bool(a["qk_norm"]),
         representation_size=None, include_top=a["num_classes"] > 0,
     )
     if a["num_classes"] > 0:
@@ -413,7 +417,7 @@ def timm_args(model):
         depth=parts.num_layers, num_heads=parts.num_heads, mlp_ratio=parts.mlp_dim / parts.hidden_size,
         class_token=parts.has_class_token, reg_tokens=parts.num_prefix_tokens - int(parts.has_class_token),
         no_embed_class=parts.posemb_prefix_tokens == 0 and parts.num_prefix_tokens > 0,
-        init_values=block.layer_scale_init, pre_norm=pre_norm, fc_norm="fc_norm" in names,
+        init_values=block.layer_scale_init, pre_norm=pre_norm, fc_norm="fc_norm" in names, qk_norm=block.qk_norm,
         global_pool=global_pool, num_classes=parts.num_classes or 0, act_layer=gelus[block.gelu],
     )
 

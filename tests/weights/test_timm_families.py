@@ -29,6 +29,7 @@ FAMILIES = {
     "clip_laion": dict(pre_norm=True, layer_norm_eps=1e-5),
     "gap_fc_norm": dict(global_pool="avg", class_token=False),
     "siglip": dict(class_token=False, global_pool="map"),
+    "qk_norm": dict(qk_norm=True, init_values=1e-5),
     "siglip2_tanh": dict(class_token=False, global_pool="map", act_layer="gelu_tanh"),
     "features_only": dict(num_classes=0),
 }
@@ -77,7 +78,7 @@ def test_a_state_dict_of_other_options_is_refused_and_nothing_changes():
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
 
 
-@pytest.mark.parametrize("arg, value", [("qk_norm", True), ("global_pool", "max"), ("act_layer", "silu"),
+@pytest.mark.parametrize("arg, value", [("qkv_bias", False), ("global_pool", "max"), ("act_layer", "silu"),
                                         ("proj_bias", False), ("dynamic_img_pad", True)])
 def test_options_keras_vit_cannot_express_are_named(arg, value):
     with pytest.raises(ValueError, match=arg):

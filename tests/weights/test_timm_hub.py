@@ -149,7 +149,7 @@ def test_load_weights_by_hub_name_into_an_existing_model(tmp_path):
 def test_export_timm_round_trips_through_timms_own_loader(kind, tmp_path):
     """A keras_vit model (the original architecture: timm's tanh GELU) goes
     to timm with equal logits, and comes back with `from_timm`."""
-    options = {"original": {}, "deit3": dict(gelu="exact", layer_scale_init=0.1, no_embed_class=True),
+    options = {"original": {}, "deit3": dict(gelu="exact", layer_scale_init=0.1, no_embed_class=True, qk_norm=True),
                "siglip": dict(classifier="map", gelu="exact")}[kind]
     model = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, patch_size=8,
                           input_shape=(32, 32, 3), num_classes=5, **options)
@@ -184,7 +184,7 @@ def test_a_pickle_only_repository_is_refused(tmp_path):
 
 @pytest.mark.parametrize("config, named", [
     ({"architecture": "deit_base_distilled_patch16_224"}, "deit_base_distilled_patch16_224"),
-    ({"architecture": "vit_base_patch16_224", "model_args": {"qk_norm": True}}, "qk_norm"),
+    ({"architecture": "vit_base_patch16_224", "model_args": {"qkv_bias": False}}, "qkv_bias"),
     ({"architecture": "resnet50"}, "resnet50"),
 ])
 def test_an_unsupported_checkpoint_is_refused_before_its_weights_are_fetched(config, named, tmp_path):
