@@ -42,6 +42,23 @@ def test_reset_head_keeps_pre_logits_when_asked():
     np.testing.assert_allclose(new.predict(images(), verbose=0), np.full((4, 3), 1 / 3), rtol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["pre_norm_fc_norm", "map"])
+def test_reset_head_after_fc_norm_or_attention_pooling(kind):
+    """Issue 24: the new head follows what the checkpoint's head read (the
+    normalised pooled features after `fc_norm`, or the attention-pooling
+    head), so fine-tuning starts from the same features."""
+    from tests.helpers import MODEL_KINDS
+
+    options = MODEL_KINDS["pre_norm_fc_norm"] if kind != "map" else dict(classifier="map", class_token=False)
+    model = tiny(**{**{k: v for k, v in options.items() if k not in ("input_shape", "patch_size")},
+                    "num_classes": 4})
+    new = keras_vit.reset_head(model, 3)
+    assert new.get_layer("head").input is model.get_layer("head").input
+    np.testing.assert_array_equal(new.predict(images(), verbose=0), np.zeros((4, 3)))
+    frozen = keras_vit.freeze_backbone(new)
+    assert [w.path for w in frozen.trainable_weights] == ["head/kernel", "head/bias"]
+
+
 def test_reset_head_on_a_pooled_backbone_and_errors():
     backbone = tiny(include_top=False, pooling="gap", classifier="gap")
     new = keras_vit.reset_head(backbone, 7)
