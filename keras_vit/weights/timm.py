@@ -68,9 +68,9 @@ def _norm(prefix, layer):
 
 
 def timm_variables(model):
-    """`{timm key: (variable, convert)}` for a keras_vit model: `convert`
-    takes timm's array to the variable's layout. timm's fused `qkv` is listed
-    as `....attn.qkv.weight/q` etc. (see `split_qkv`)."""
+    """`{timm key: (variable, layout)}` for a keras_vit model: `layout`
+    takes timm's array to the variable's (`Layout`). timm's fused `qkv` and
+    `kv` are listed per part, `....attn.qkv.weight/q` etc. (`split_qkv`)."""
     parts = anatomy(model)
     embedding = get_layer(model, "embedding")
     mapping = {"patch_embed.proj.weight": (embedding.kernel, _transpose(2, 3, 1, 0))}
@@ -166,21 +166,21 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
     variable its key; else a ValueError lists the differences and nothing is
     assigned. The position embedding is resampled to the model's grid
     (`interpolation`: `"bicubic_antialias"`, timm's, `"bicubic"` or
-    `"linear"`). A head of another
-    size than the model's, or none, leaves the model's zero head (as the
-    paper's fine-tuning starts); a model without a head ignores the
-    checkpoint's.
+    `"linear"`). A checkpoint head of another size than the model's, or
+    none, leaves the model's head as it is (zero when built: the paper's
+    fine-tuning start); a model without a head ignores the checkpoint's.
     """
     parts = anatomy(model)
     arrays = split_qkv(state)
     mapping = timm_variables(model)
     notes = []
     head_keys = {key for key in set(arrays) | set(mapping) if key.startswith("head.")}
-    head_fits = all(key in arrays and key in mapping and convert_shape(mapping[key], arrays[key])
-                    for key in head_keys)
+    head_fits = all(key in arrays and key in mapping and _fits(mapping[key], arrays[key]) for key in head_keys)
     if head_keys and not head_fits:
-        if any(key in mapping for key in head_keys):
-            notes.append("head: the checkpoint's does not have the model's classes: zero-initialised.")
+        if not any(key in arrays for key in head_keys):
+            notes.append("head: the checkpoint has none; the model's is kept.")
+        elif any(key in mapping for key in head_keys):
+            notes.append("head: the checkpoint's has other classes; the model's is kept.")
         else:
             notes.append("head: the checkpoint's is left out (the model has none).")
         arrays = {k: v for k, v in arrays.items() if k not in head_keys}
@@ -195,8 +195,8 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
         except ValueError as error:
             wrong.append(f"pos_embed: {error}")
     for key in sorted(set(mapping) & set(arrays)):
-        variable, convert = mapping[key]
-        value = convert(arrays[key])
+        variable, layout = mapping[key]
+        value = layout(arrays[key])
         if tuple(value.shape) != tuple(variable.shape):
             wrong.append(f"{key}: {tuple(value.shape)} -> {tuple(variable.shape)} expected")
         elif not np.issubdtype(value.dtype, np.floating) or not np.all(np.isfinite(value)):
@@ -216,11 +216,11 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
     return notes
 
 
-def convert_shape(entry, value):
-    """Whether timm's `value` fits the `(variable, convert)` entry's shape."""
-    variable, convert = entry
+def _fits(entry, value):
+    """Whether timm's `value` fits the `(variable, layout)` entry's shape."""
+    variable, layout = entry
     try:
-        return tuple(convert(value).shape) == tuple(variable.shape)
+        return tuple(layout(value).shape) == tuple(variable.shape)
     except ValueError:  # a reshape that cannot be done
         return False
 
