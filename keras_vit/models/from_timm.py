@@ -1,12 +1,8 @@
 """keras_vit models of timm checkpoints (the Hugging Face Hub's ViT weights)."""
 
-import logging
-
 from keras_vit.models.vit import ViT
 from keras_vit.weights import hub
 from keras_vit.weights import timm as timm_format
-
-logger = logging.getLogger("keras_vit")
 
 
 def from_timm(
@@ -88,14 +84,7 @@ def from_timm(
         builder.update(include_preprocessing=True, pixel_mean=pretrained.get("mean", (0.5,) * 3),
                        pixel_std=pretrained.get("std", (0.5,) * 3))
     model = ViT(None, name=name or _model_name(config["architecture"]), **{**builder, **kwargs})
-    _, weights, _ = hub.fetch(source, revision, token, cache_dir, local_files_only)
-    state = hub.read_safetensors(weights)
-    try:
-        notes = timm_format.load_timm_state(model, state, interpolation=posemb_interpolation)
-    except ValueError as error:
-        raise ValueError(f"{where}: {error}") from None
-    for note in notes:
-        logger.info("%s: %s", where, note)
+    hub.load_timm(model, source, posemb_interpolation, revision, token, cache_dir, local_files_only)
     return model
 
 

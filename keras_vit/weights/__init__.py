@@ -1,6 +1,5 @@
 """Loading and exporting weights: original `.npz`, Keras `.weights.h5`, names."""
 
-import logging
 import os
 
 from keras_vit.weights import cache, hub, registry
@@ -8,8 +7,6 @@ from keras_vit.weights.hub import export_timm
 from keras_vit.weights.h5 import load_keras_weights
 from keras_vit.weights.npz import export_npz, load_npz, prepare_npz, read_npz
 from keras_vit.weights.augreg import AugRegIndex, augreg_index
-
-logger = logging.getLogger("keras_vit")
 
 __all__ = ["AugRegIndex", "augreg_index", "export_npz", "export_timm", "load_weights", "read_npz"]
 
@@ -59,7 +56,7 @@ def load_weights(
     path = os.fspath(weights)
     if path.startswith(hub.HUB_PREFIX) or path.endswith(".safetensors") or (
             os.path.isdir(path) and os.path.exists(os.path.join(path, hub.WEIGHTS_NAME))):
-        return _load_timm(model, path, interpolation or "bicubic_antialias")
+        return hub.load_timm(model, path, interpolation or "bicubic_antialias")
     interpolation = interpolation or "linear"
     if path.endswith(".weights.h5"):
         return load_keras_weights(model, path, allow_nonfinite=allow_nonfinite)
@@ -84,21 +81,3 @@ def load_weights(
         allow_nonfinite=allow_nonfinite,
     )
 
-
-def _load_timm(model, source, interpolation):
-    """A timm checkpoint into an existing model (its options must be the
-    checkpoint's: the state dict's keys and shapes are the check)."""
-    from keras_vit.weights import timm as timm_format
-
-    if source.endswith(".safetensors"):
-        where, state = source, hub.read_safetensors(source)
-    else:
-        _, weights, where = hub.fetch(source)
-        state = hub.read_safetensors(weights)
-    try:
-        notes = timm_format.load_timm_state(model, state, interpolation=interpolation)
-    except ValueError as error:
-        raise ValueError(f"{where}: {error}") from None
-    for note in notes:
-        logger.info("%s: %s", where, note)
-    return notes

@@ -8,6 +8,7 @@ optional extra `keras-vit[hub]`.
 """
 
 import json
+import logging
 import os
 
 CONFIG_NAME = "config.json"
@@ -15,6 +16,7 @@ WEIGHTS_NAME = "model.safetensors"
 # The pickled weight files timm also publishes (timm/models/_hub.py).
 PICKLE_NAMES = ("pytorch_model.bin", "pytorch_model.pth", "model.pth", "open_clip_pytorch_model.bin")
 HUB_PREFIX = "hf-hub:"
+logger = logging.getLogger("keras_vit")
 
 
 def _require(module):
@@ -140,6 +142,27 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
     if weights is None:
         raise ValueError(_pickle_message(f"hf-hub:{repo}"))
     return config, weights, f"hf-hub:{repo}"
+
+
+def load_timm(model, source, interpolation="bicubic_antialias", revision=None, token=None, cache_dir=None,
+              local_files_only=False):
+    """Loads a timm checkpoint (`fetch`'s sources, or a `.safetensors` file)
+    into an existing model, all or nothing (the state dict's keys and shapes
+    are the check: `keras_vit.weights.timm.load_timm_state`); logs and
+    returns the notes on what was adapted."""
+    from keras_vit.weights import timm as timm_format
+
+    if os.fspath(source).endswith(".safetensors"):
+        weights = where = os.fspath(source)
+    else:
+        _, weights, where = fetch(source, revision, token, cache_dir, local_files_only)
+    try:
+        notes = timm_format.load_timm_state(model, read_safetensors(weights), interpolation=interpolation)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    for note in notes:
+        logger.info("%s: %s", where, note)
+    return notes
 
 
 def export_timm(model, directory, pixel_mean=None, pixel_std=None):
