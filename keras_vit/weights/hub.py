@@ -152,17 +152,36 @@ def load_timm(model, source, interpolation="bicubic_antialias", revision=None, t
     returns the notes on what was adapted."""
     from keras_vit.weights import timm as timm_format
 
-    if os.fspath(source).endswith(".safetensors"):
+    if os.fspath(source).endswith(".safetensors"):  # no config: the keys and shapes are the only check
         weights = where = os.fspath(source)
+        config = None
     else:
-        _, weights, where = fetch(source, revision, token, cache_dir, local_files_only)
+        config, weights, where = fetch(source, revision, token, cache_dir, local_files_only)
     try:
+        if config is not None:
+            _check_numerics(model, timm_format.builder_kwargs(timm_format.config_args(config)[0]))
         notes = timm_format.load_timm_state(model, read_safetensors(weights), interpolation=interpolation)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     for note in notes:
         logger.info("%s: %s", where, note)
     return notes
+
+
+def _check_numerics(model, expected):
+    """The options a state dict's keys and shapes do not show (the GELU, the
+    LayerNorm epsilon) must be the checkpoint's: loading AugReg 2 weights
+    into the original architecture (tanh GELU) would run, a little off."""
+    from keras_vit.anatomy import anatomy
+
+    block = model.get_layer(anatomy(model).block_names[0])
+    differences = [f"{name}: the model's {getattr(block, name)!r}, the checkpoint's {expected[name]!r}"
+                   for name in ("gelu", "layer_norm_epsilon") if getattr(block, name) != expected[name]]
+    if differences:
+        raise ValueError(
+            f"the model computes otherwise than the checkpoint ({'; '.join(differences)}): build it with "
+            "keras_vit.from_timm, or with these keywords. Nothing was loaded."
+        )
 
 
 def export_timm(model, directory, pixel_mean=None, pixel_std=None):

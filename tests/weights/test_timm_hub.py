@@ -143,6 +143,14 @@ def test_load_weights_by_hub_name_into_an_existing_model(tmp_path):
                          no_embed_class=True)
     keras_vit.load_weights(same, str(snapshot))
     assert_close_rel(same.predict(images(), verbose=0), built.predict(images(), verbose=0), tol=1e-6)
+    # The same keys and shapes, another GELU (the original's tanh): the
+    # checkpoint's config tells, and nothing is loaded.
+    tanh = keras_vit.ViT(None, hidden_size=32, mlp_dim=128, num_heads=2, num_layers=2, patch_size=8,
+                         input_shape=(32, 32, 3), num_classes=1000, layer_scale_init=1e-6, no_embed_class=True)
+    before = tanh.get_weights()
+    with pytest.raises(ValueError, match="gelu: the model's 'tanh', the checkpoint's 'exact'"):
+        keras_vit.load_weights(tanh, str(snapshot))
+    assert all(np.array_equal(a, b) for a, b in zip(before, tanh.get_weights()))
 
 
 @pytest.mark.parametrize("kind", ["original", "deit3", "siglip"])
