@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 
@@ -225,8 +226,6 @@ def test_offline_with_nothing_cached_says_so(tmp_path):
 def test_a_user_process_offline_loads_by_name_from_the_hub_cache(tmp_path):
     """As users run it: HF_HUB_OFFLINE=1 and the cache in HF_HUB_CACHE, no
     keyword but the name."""
-    import keras
-
     name = FAMILIES["clip_laion"]
     model = timm_model(name)
     publish(tmp_path, name, model)
@@ -242,28 +241,37 @@ def test_a_user_process_offline_loads_by_name_from_the_hub_cache(tmp_path):
     assert_close_rel(np.load(tmp_path / "y.npy"), logits, tol=1e-4)
 
 
-@pytest.mark.large
-@pytest.mark.one_backend  # the structure: every key and shape, without a forward pass
+# Full size: the subject is size, not the backend (the tiny families run on
+# every backend), so PyTorch alone, the cheapest backend at full size.
+def full_size(test):
+    test = pytest.mark.skipif(keras.backend.backend() != "torch", reason="full size: on PyTorch only")(test)
+    return pytest.mark.large(test)
+
+
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_every_family_at_full_size_has_timms_keys_and_shapes(family):
-    """The architecture table at the real sizes: timm's model of the real
-    name (on PyTorch's meta device: no memory) and keras_vit's model built
-    from the same name hold the same keys with the same shapes."""
+@full_size
+def test_every_family_at_full_size_gives_timms_features(family):
+    """Each family's real architecture at its real size and resolution
+    (timm's model of the name, random weights): the keras_vit model built
+    from the same name has timm's parameter count and, with timm's weights,
+    its pre-logit features (and logits, where the checkpoint has a head)."""
     from keras_vit.weights import timm as timm_format
 
     name = FAMILIES[family]
-    with torch.device("meta"):
-        theirs = timm.create_model(name, pretrained=False)
-    expected = {key: tuple(value.shape) for key, value in theirs.state_dict().items()}
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, pretrained=False).eval()
     args = {**timm_format.architecture_args(name.split(".")[0]), "num_classes": theirs.num_classes,
             "img_size": tuple(theirs.pretrained_cfg["input_size"][-2:])}
     ours = keras_vit.ViT(None, **timm_format.builder_kwargs(args))
-    state = timm_format.timm_state(ours)
-    assert {key: tuple(value.shape) for key, value in state.items()} == expected
     assert ours.count_params() == sum(value.numel() for value in theirs.parameters())
+    state = {key: value.detach().numpy() for key, value in theirs.state_dict().items()}
+    assert timm_format.load_timm_state(ours, state) == []
+    x = images(args["img_size"][0], batch=1)
+    logits, features = reference(theirs, x)
+    expected = logits if logits is not None else features
+    assert_close_rel(ours.predict(x, verbose=0), expected, tol=1e-4)
 
-
-@pytest.mark.large
+@full_size
 def test_a_full_size_checkpoint_gives_timms_logits(tmp_path):
     name = FAMILIES["original"]  # ViT-B/16 at 224 px, 1,000 classes
     torch.manual_seed(0)
