@@ -78,6 +78,7 @@ def test_a_state_dict_of_other_options_is_refused_and_nothing_changes():
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
 
 
+@pytest.mark.one_backend  # numpy only
 @pytest.mark.parametrize("arg, value", [("qkv_bias", False), ("global_pool", "max"), ("act_layer", "silu"),
                                         ("proj_bias", False), ("dynamic_img_pad", True)])
 def test_options_keras_vit_cannot_express_are_named(arg, value):
@@ -85,6 +86,7 @@ def test_options_keras_vit_cannot_express_are_named(arg, value):
         timm_weights.builder_kwargs({arg: value})
 
 
+@pytest.mark.one_backend  # numpy only
 @pytest.mark.parametrize("new", [(6, 6), (3, 2), (8, 13), (4, 5)])
 def test_bicubic_antialias_is_pytorchs(new):
     """timm resamples position embeddings with PyTorch's antialiased bicubic

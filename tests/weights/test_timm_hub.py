@@ -174,6 +174,7 @@ def test_export_timm_round_trips_through_timms_own_loader(kind, tmp_path):
     assert_close_rel(keras_vit.from_timm(directory).predict(images(), verbose=0), ours, tol=1e-6)
 
 
+@pytest.mark.one_backend
 def test_what_timm_cannot_express_is_not_exported(tmp_path):
     hybrid = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=2,
                            resnet=(), resnet_width_factor=0.5, input_shape=(32, 32, 3), num_classes=3)
@@ -182,8 +183,9 @@ def test_what_timm_cannot_express_is_not_exported(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-# --- Errors: each before anything is loaded ---
+# --- Errors: each before anything is loaded (files and configs: one backend) ---
 
+@pytest.mark.one_backend
 def test_a_pickle_only_repository_is_refused(tmp_path):
     config = json.dumps({"architecture": "vit_base_patch16_224", "model_args": TINY}).encode()
     publish(tmp_path, "pickled", files={"config.json": config, "pytorch_model.bin": b"\x80\x04not loaded"})
@@ -191,6 +193,7 @@ def test_a_pickle_only_repository_is_refused(tmp_path):
         keras_vit.from_timm("timm/pickled", cache_dir=tmp_path, local_files_only=True)
 
 
+@pytest.mark.one_backend
 @pytest.mark.parametrize("config, named", [
     ({"architecture": "deit_base_distilled_patch16_224"}, "deit_base_distilled_patch16_224"),
     ({"architecture": "vit_base_patch16_224", "model_args": {"qkv_bias": False}}, "qkv_bias"),
@@ -203,6 +206,7 @@ def test_an_unsupported_checkpoint_is_refused_before_its_weights_are_fetched(con
         keras_vit.from_timm("timm/unsupported", cache_dir=tmp_path, local_files_only=True)
 
 
+@pytest.mark.one_backend
 def test_missing_and_damaged_files_are_named(tmp_path):
     name = FAMILIES["original"]
     snapshot = publish(tmp_path, name, timm_model(name))
@@ -217,6 +221,7 @@ def test_missing_and_damaged_files_are_named(tmp_path):
         keras_vit.from_timm(str(local))
 
 
+@pytest.mark.one_backend
 def test_offline_with_nothing_cached_says_so(tmp_path):
     with pytest.raises(ValueError, match="not in the local Hugging Face cache"):
         keras_vit.from_timm("timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", cache_dir=tmp_path / "empty",
