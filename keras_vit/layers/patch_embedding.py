@@ -1,6 +1,7 @@
 """Patch embedding: the linear projection of flattened patches (paper Eq. 1)."""
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_vit.layers.utils import normalize_pair
@@ -110,3 +111,50 @@ class PatchEmbedding(keras.layers.Layer):
             }
         )
         return config
+
+
+def _bilinear_weights(in_size, out_size):
+    """Interpolation matrix (out, in) of bilinear resizing with half-pixel
+    centres, without antialiasing: `jax.image.resize(method="bilinear",
+    antialias=False)`, which FlexiViT's PI-resize is defined with."""
+    matrix = np.zeros((out_size, in_size), np.float64)
+    coords = np.clip((np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5, 0, in_size - 1)
+    lower = np.floor(coords).astype(int)
+    upper = np.minimum(lower + 1, in_size - 1)
+    frac = coords - lower
+    rows = np.arange(out_size)
+    np.add.at(matrix, (rows, lower), 1.0 - frac)
+    np.add.at(matrix, (rows, upper), frac)
+    return matrix
+
+
+def resize_matrix(old_size, new_size):
+    """`B`, `(new_h * new_w, old_h * old_w)`: the bilinear resize of a
+    flattened (row-major) patch from `old_size` to `new_size`."""
+    rows = _bilinear_weights(old_size[0], new_size[0])
+    cols = _bilinear_weights(old_size[1], new_size[1])
+    return np.kron(rows, cols)
+
+
+def resize_patch_embedding(kernel, new_size):
+    """PI-resizes a `(ph, pw, C, D)` patch-embedding kernel to
+    `(*new_size, C, D)` (FlexiViT, Beyer et al., CVPR 2023, Sec. 3.4;
+    big_vision `resample_patchemb`).
+
+    With `B` the bilinear resize of patches, the new kernel is
+    `pinv(B^T) w` for each channel and output: a patch resized up embeds
+    exactly as the original patch did (`<B x, w'> = <x, w>`), and resized down
+    it is the least-squares best (`w'` minimises `E|<x, w> - <B x, w'>|^2`
+    for white-noise patches). Computed in float64, returned in the kernel's
+    dtype.
+    """
+    kernel = np.asarray(kernel)
+    new_size = tuple(int(s) for s in normalize_pair(tuple(new_size), "new_size"))
+    old_size = kernel.shape[:2]
+    if kernel.ndim != 4:
+        raise ValueError(f"`kernel` must be (patch_h, patch_w, channels, width). Received: shape {kernel.shape}")
+    if old_size == new_size:
+        return kernel
+    pinv = np.linalg.pinv(resize_matrix(old_size, new_size).T)  # (new, old)
+    flat = kernel.reshape(old_size[0] * old_size[1], -1).astype(np.float64)
+    return (pinv @ flat).reshape(*new_size, *kernel.shape[2:]).astype(kernel.dtype)

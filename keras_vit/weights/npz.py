@@ -26,6 +26,7 @@ import keras
 import numpy as np
 
 from keras_vit.anatomy import BLOCK_NAME, RESNET_LAYER_NAME, anatomy
+from keras_vit.layers.patch_embedding import resize_patch_embedding
 from keras_vit.layers.position_embedding import (
     infer_square_grid,
     resample_position_embedding,
@@ -458,6 +459,14 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
             except ValueError as e:
                 problems.append(f"{key}: {e}")
                 continue
+        if key == PATCH_KERNEL_KEY and value.shape != shape:
+            if parts.hybrid:
+                problems.append(f"{key}: patch {value.shape[:2]} in the checkpoint, {shape[:2]} in the model: a "
+                                "hybrid's patch size on its ResNet feature map cannot change")
+                continue
+            value = resize_patch_embedding(value, shape[:2])
+            notes.append(f"patch embedding PI-resized from {arrays[key].shape[0]}x{arrays[key].shape[1]} to "
+                         f"{shape[0]}x{shape[1]} patches (FlexiViT).")
         values[key] = value.reshape(shape)  # Pre-Linen GroupNorm: (1, 1, 1, C).
     if problems:
         raise _load_error(model, path, members, problems)
@@ -489,6 +498,9 @@ def _check_headers(targets, members):
                 )
             else:
                 reads.append(key)
+        elif key == PATCH_KERNEL_KEY and member.shape != shape and len(member.shape) == 4 \
+                and member.shape[2:] == shape[2:]:
+            reads.append(key)  # another patch size: PI-resized (`_fit_patch_kernel`)
         elif key.startswith("head/") and member.shape != shape:
             notes.append(
                 f"`{key}` has shape {member.shape} in the checkpoint and {shape} in "
@@ -524,6 +536,9 @@ def _load_error(model, path, members, problems):
 def _initial_value(layer, key, shape):
     initializer = layer.kernel_initializer if key.endswith("kernel") else layer.bias_initializer
     return keras.ops.convert_to_numpy(initializer(shape, dtype="float32"))
+
+
+PATCH_KERNEL_KEY = "embedding/kernel"
 
 
 def _fit_posemb(value, shape, parts, source_grid, interpolation, notes):

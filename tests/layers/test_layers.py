@@ -169,3 +169,40 @@ def test_mixed_precision(policy):
     np.testing.assert_allclose(
         keras.ops.convert_to_numpy(logits), expected, atol=0.05 * np.abs(expected).max()
     )
+
+
+@pytest.mark.one_backend  # numpy only
+@pytest.mark.parametrize("old, new", [((16, 16), (32, 32)), ((16, 16), (8, 8)), ((4, 6), (7, 3))])
+def test_pi_resize_meets_its_definition(old, new):
+    """Issue 25, FlexiViT's PI-resize: with B the bilinear resize of patches
+    (jax.image.resize's, checked where JAX is installed), a patch resized up
+    embeds exactly as before, <B x, w'> = <x, w>; resized down, w' is the
+    least-squares best, so the equality holds on the patches B can reach
+    (x = B^T z) and the residual is orthogonal to B's rows."""
+    from keras_vit.layers.patch_embedding import resize_matrix, resize_patch_embedding
+
+    rng = np.random.default_rng(0)
+    kernel = rng.normal(size=(*old, 3, 5)).astype("float32")
+    resized = resize_patch_embedding(kernel, new)
+    assert resized.shape == (*new, 3, 5) and resized.dtype == np.float32
+    matrix = resize_matrix(old, new)  # (new pixels, old pixels)
+    try:
+        import jax
+
+        basis = np.eye(old[0] * old[1]).reshape(-1, *old)
+        reference = np.stack([np.asarray(jax.image.resize(b, new, "bilinear", antialias=False)).reshape(-1)
+                              for b in basis], axis=1)
+        np.testing.assert_allclose(matrix, reference, atol=1e-6)
+    except ImportError:
+        pass
+    w, w_new = kernel.reshape(-1, 15), resized.reshape(-1, 15).astype(np.float64)
+    if new[0] * new[1] >= old[0] * old[1]:
+        patches = rng.normal(size=(6, old[0] * old[1]))
+    else:
+        patches = rng.normal(size=(6, new[0] * new[1])) @ matrix  # in the row space of B
+        np.testing.assert_allclose(matrix @ (matrix.T @ w_new - w), 0.0, atol=1e-4)
+    embedded = patches @ w
+    resized_embedded = (patches @ matrix.T) @ w_new
+    np.testing.assert_allclose(resized_embedded, embedded, atol=1e-4 * np.abs(embedded).max())
+    with pytest.raises(ValueError, match="new_size"):
+        resize_patch_embedding(kernel, (0, 8))

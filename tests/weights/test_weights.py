@@ -58,6 +58,45 @@ def export(tmp_path, model, name="ckpt.npz"):
     return str(keras_vit.export_npz(model, tmp_path / name))
 
 
+# --- Patch size (FlexiViT PI-resize, issue 25) ---------------------------------
+
+
+@pytest.mark.parametrize("patch", [8, 32])
+def test_a_patch_16_checkpoint_serves_patch_8_and_32(tmp_path, patch, caplog):
+    """The kernel PI-resized (16 -> 8 up, 16 -> 32 down), the position
+    embeddings resampled to the new grid, the rest as stored; the notes say
+    what was resized."""
+    from keras_vit.layers.patch_embedding import resize_patch_embedding
+    from keras_vit.layers.position_embedding import resample_position_embedding
+
+    source = randomize_weights(tiny((64, 64), patch_size=16, num_classes=5))
+    path = export(tmp_path, source)
+    with caplog.at_level("INFO", logger="keras_vit"):
+        model = tiny((64, 64), patch_size=patch, num_classes=5, weights=path)
+    assert f"PI-resized from 16x16 to {patch}x{patch}" in caplog.text
+    kernel = source.get_layer("embedding").kernel.numpy()
+    np.testing.assert_allclose(model.get_layer("embedding").kernel.numpy(),
+                               resize_patch_embedding(kernel, (patch, patch)), rtol=1e-6, atol=1e-6)
+    grid = 64 // patch
+    np.testing.assert_allclose(
+        model.get_layer("posembed_input").pos_embedding.numpy(),
+        resample_position_embedding(source.get_layer("posembed_input").pos_embedding.numpy(), (grid, grid)),
+        rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(model.get_layer("head").kernel.numpy(), source.get_layer("head").kernel.numpy())
+    assert np.all(np.isfinite(model.predict(np.zeros((1, 64, 64, 3), "float32"), verbose=0)))
+
+
+def test_a_hybrid_patch_size_does_not_change(tmp_path):
+    hybrid = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, resnet=(), resnet_width_factor=0.5,
+                  input_shape=(64, 64, 3), num_classes=3)
+    path = export(tmp_path, keras_vit.ViT(None, patch_size=2, **hybrid))
+    model = keras_vit.ViT(None, patch_size=4, **hybrid)
+    before = weights_of(model)
+    with pytest.raises(ValueError, match="hybrid's patch size"):
+        keras_vit.load_weights(model, path)
+    assert_unchanged(model, before)
+
+
 # --- Position-embedding resampling -------------------------------------------
 
 
@@ -720,6 +759,18 @@ def test_registered_name_is_downloaded_verified_cached_and_loaded(bucket, tmp_pa
     bucket.files.clear()
     keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")
     assert bucket.requests == [f"augreg/{upstream}.npz"]
+
+
+def test_a_registered_checkpoint_serves_another_patch_size(bucket, tmp_path):
+    """Issue 25: `get_model("ViT-Ti_16", patch_size=8, weights="augreg")`
+    serves as Ti/8 (the registry's architecture check lets a plain ViT's
+    patch size differ; the loader PI-resizes)."""
+    source = randomize_weights(keras_vit.ViTTi16(input_shape=(32, 32, 3)))
+    upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
+    bucket.files[f"augreg/{upstream}.npz"] = npz_bytes(tmp_path, source)
+    model = keras_vit.get_model("ViT-Ti_16", patch_size=8, input_shape=(32, 32, 3), weights="augreg")
+    assert model.get_layer("embedding").kernel.shape == (8, 8, 3, 192)
+    assert model.get_layer("posembed_input").pos_embedding.shape == (1, 17, 192)
 
 
 def test_failed_download_is_a_clear_error(bucket):
