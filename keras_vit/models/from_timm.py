@@ -59,8 +59,8 @@ def from_timm(
         `keras_vit.weights.hub.fetch(source, config_only=True)[0]`.
     """
     config, _, where = hub.fetch(source, revision, token, cache_dir, local_files_only, config_only=True)
-    args, pretrained = timm_format.config_args(config)
     try:
+        args, pretrained = timm_format.config_args(config)
         builder = timm_format.builder_kwargs(args)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
@@ -77,8 +77,8 @@ def from_timm(
         builder.update(include_top=True, num_classes=classes)
     else:
         if pooling == "default":
-            pooling = checkpoint_pooling if not checkpoint_classes else {
-                "token": "token", "gap": "gap", "map": "map"}[builder["classifier"]]
+            # The checkpoint's pre-logit features: its head's pooling.
+            pooling = builder["classifier"] if checkpoint_classes else checkpoint_pooling
         builder.update(include_top=False, pooling=pooling)
     if include_preprocessing:
         builder.update(include_preprocessing=True, pixel_mean=pretrained.get("mean", (0.5,) * 3),
