@@ -15,6 +15,7 @@ import re
 import numpy as np
 
 from keras_vit.anatomy import anatomy, get_layer
+from keras_vit.layers.patch_embedding import resize_patch_embedding
 
 # timm's `act_layer` names -> keras_vit's `gelu`.
 TIMM_GELUS = {"gelu": "exact", "gelu_tanh": "tanh", "quick_gelu": "quick"}
@@ -194,6 +195,14 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
                                               parts.posemb_prefix_tokens, parts.grid, interpolation, notes)
         except ValueError as error:
             wrong.append(f"pos_embed: {error}")
+    kernel = arrays.get("patch_embed.proj.weight")
+    target = parts.embedding_patch_size
+    if kernel is not None and kernel.ndim == 4 and tuple(kernel.shape[2:]) != target and not parts.hybrid:
+        # Another patch size: PI-resized (FlexiViT), in timm's (D, C, ph, pw) layout.
+        resized = resize_patch_embedding(np.transpose(kernel, (2, 3, 1, 0)), target)
+        arrays["patch_embed.proj.weight"] = np.transpose(resized, (3, 2, 0, 1))
+        notes.append(f"patch embedding PI-resized from {kernel.shape[2]}x{kernel.shape[3]} to "
+                     f"{target[0]}x{target[1]} patches (FlexiViT).")
     for key in sorted(set(mapping) & set(arrays)):
         variable, layout = mapping[key]
         value = layout(arrays[key])

@@ -118,6 +118,23 @@ def test_another_resolution_resamples_the_position_embeddings_as_timm(tmp_path):
     assert_close_rel(ours.predict(images(48), verbose=0), logits, tol=1e-4)
 
 
+def test_another_patch_size_is_pi_resized(tmp_path, caplog):
+    """Issue 25 with a timm checkpoint: `from_timm(name, patch_size=4)` at
+    the same resolution (an 8x8 grid instead of 4x4)."""
+    from keras_vit.layers.patch_embedding import resize_patch_embedding
+
+    name = FAMILIES["original"]
+    model = timm_model(name)
+    publish(tmp_path, name, model)
+    with caplog.at_level("INFO", logger="keras_vit"):
+        ours = keras_vit.from_timm(name, patch_size=4, cache_dir=tmp_path, local_files_only=True)
+    assert "PI-resized from 8x8 to 4x4" in caplog.text and "resampled from a 4x4 to a 8x8 grid" in caplog.text
+    kernel = model.patch_embed.proj.weight.detach().numpy().transpose(2, 3, 1, 0)
+    np.testing.assert_allclose(ours.get_layer("embedding").kernel.numpy(), resize_patch_embedding(kernel, (4, 4)),
+                               rtol=1e-6, atol=1e-6)
+    assert np.all(np.isfinite(ours.predict(images(), verbose=0)))
+
+
 def test_another_number_of_classes_gets_a_zero_head(tmp_path):
     name = FAMILIES["dinov2"]  # no head in the checkpoint
     publish(tmp_path, name, timm_model(name))
