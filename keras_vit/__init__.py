@@ -16,6 +16,7 @@ if tuple(int(part) for part in _re.findall(r"\d+", _keras.__version__)[:2]) < MI
 
 from keras_vit import distribute, layers, training
 from keras_vit.class_names import decode_predictions
+from keras_vit.features import feature_maps
 from keras_vit.finetuning import freeze_backbone, reset_head
 from keras_vit.lora import enable_lora, load_lora, merge_lora, save_lora
 # `ViT`, `get_model` and the constructors (`ViTB16`, `R50ViTB16`, ...), one
@@ -31,6 +32,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_builders, "available_weights", "decode_predictions", "distribute", "enable_lora", "export_npz", "export_timm",
-    "freeze_backbone", "from_timm", "layers", "list_models", "load_lora", "load_weights", "merge_lora", "preprocess_input",
-    "reset_head", "save_lora", "training", "weights",
+    "feature_maps", "freeze_backbone", "from_timm", "layers", "list_models", "load_lora", "load_weights",
+    "merge_lora", "preprocess_input", "reset_head", "save_lora", "training", "weights",
 ]
