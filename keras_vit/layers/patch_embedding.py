@@ -4,6 +4,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.layers.position_embedding import linear_matrix
 from keras_vit.layers.utils import normalize_pair
 
 
@@ -117,15 +118,8 @@ def _bilinear_weights(in_size, out_size):
     """Interpolation matrix (out, in) of bilinear resizing with half-pixel
     centres, without antialiasing: `jax.image.resize(method="bilinear",
     antialias=False)`, which FlexiViT's PI-resize is defined with."""
-    matrix = np.zeros((out_size, in_size), np.float64)
     coords = np.clip((np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5, 0, in_size - 1)
-    lower = np.floor(coords).astype(int)
-    upper = np.minimum(lower + 1, in_size - 1)
-    frac = coords - lower
-    rows = np.arange(out_size)
-    np.add.at(matrix, (rows, lower), 1.0 - frac)
-    np.add.at(matrix, (rows, upper), frac)
-    return matrix
+    return linear_matrix(coords, in_size)
 
 
 def resize_matrix(old_size, new_size):

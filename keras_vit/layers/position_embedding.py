@@ -82,15 +82,21 @@ def _linear_weights(in_size, out_size):
     input and output grids coincide: output index o samples the input at
     o * (in - 1) / (out - 1) (bilinear with align_corners=True).
     """
-    matrix = np.zeros((out_size, in_size), np.float64)
     if in_size == 1 or out_size == 1:
+        matrix = np.zeros((out_size, in_size), np.float64)
         matrix[:, 0] = 1.0
         return matrix
-    coords = np.arange(out_size) * (in_size - 1) / (out_size - 1)
+    return linear_matrix(np.arange(out_size) * (in_size - 1) / (out_size - 1), in_size)
+
+
+def linear_matrix(coords, in_size):
+    """Interpolation matrix (len(coords), in) of linear interpolation at the
+    input positions `coords` (each in [0, in - 1])."""
+    matrix = np.zeros((len(coords), in_size), np.float64)
     lower = np.clip(np.floor(coords).astype(int), 0, in_size - 1)
     upper = np.minimum(lower + 1, in_size - 1)
     frac = coords - lower
-    rows = np.arange(out_size)
+    rows = np.arange(len(coords))
     np.add.at(matrix, (rows, lower), 1.0 - frac)
     np.add.at(matrix, (rows, upper), frac)
     return matrix
