@@ -51,7 +51,9 @@ def from_timm(
         revision, token, cache_dir, local_files_only: `huggingface_hub`'s.
         name: the Keras model's name.
         **kwargs: further `keras_vit.ViT` keywords (`dropout_rate`,
-            `drop_path_rate`, `remat`, ...).
+            `drop_path_rate`, `remat`, ...); they win over the checkpoint's
+            config (e.g. `gelu="quick"` for OpenAI's CLIP weights, whose
+            timm config names the exact GELU).
 
     Returns:
         A functional `keras.Model`. The checkpoint's config (its
@@ -84,7 +86,10 @@ def from_timm(
         builder.update(include_preprocessing=True, pixel_mean=pretrained.get("mean", (0.5,) * 3),
                        pixel_std=pretrained.get("std", (0.5,) * 3))
     model = ViT(None, name=name or _model_name(config["architecture"]), **{**builder, **kwargs})
-    hub.load_timm(model, source, posemb_interpolation, revision, token, cache_dir, local_files_only)
+    # The model is the config's, but for the keywords given here on purpose
+    # (e.g. gelu="quick" for OpenAI's CLIP weights).
+    hub.load_timm(model, source, posemb_interpolation, revision, token, cache_dir, local_files_only,
+                  check_numerics=False)
     return model
 
 

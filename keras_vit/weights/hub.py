@@ -145,11 +145,12 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
 
 
 def load_timm(model, source, interpolation="bicubic_antialias", revision=None, token=None, cache_dir=None,
-              local_files_only=False):
+              local_files_only=False, check_numerics=True):
     """Loads a timm checkpoint (`fetch`'s sources, or a `.safetensors` file)
     into an existing model, all or nothing (the state dict's keys and shapes
-    are the check: `keras_vit.weights.timm.load_timm_state`); logs and
-    returns the notes on what was adapted."""
+    are the check: `keras_vit.weights.timm.load_timm_state`; with
+    `check_numerics`, also the GELU and epsilon of the checkpoint's config);
+    logs and returns the notes on what was adapted."""
     from keras_vit.weights import timm as timm_format
 
     if os.fspath(source).endswith(".safetensors"):  # no config: the keys and shapes are the only check
@@ -158,7 +159,7 @@ def load_timm(model, source, interpolation="bicubic_antialias", revision=None, t
     else:
         config, weights, where = fetch(source, revision, token, cache_dir, local_files_only)
     try:
-        if config is not None:
+        if config is not None and check_numerics:
             _check_numerics(model, timm_format.builder_kwargs(timm_format.config_args(config)[0]))
         notes = timm_format.load_timm_state(model, read_safetensors(weights), interpolation=interpolation)
     except ValueError as error:

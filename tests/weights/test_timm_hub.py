@@ -36,6 +36,8 @@ FAMILIES = {
     "dino": "vit_small_patch16_224.dino",
     "dinov2": "vit_small_patch14_dinov2.lvd142m",
     "dinov2_registers": "vit_small_patch14_reg4_dinov2.lvd142m",
+    # timm's QuickGELU architecture for OpenAI's weights (the Hub repository,
+    # timm/vit_base_patch16_clip_224.openai, names the exact-GELU one).
     "clip_openai": "vit_base_patch16_clip_quickgelu_224.openai",
     "clip_laion": "vit_base_patch16_clip_224.laion2b",
     "siglip": "vit_base_patch16_siglip_224.webli",
@@ -133,6 +135,21 @@ def test_another_patch_size_is_pi_resized(tmp_path, caplog):
     np.testing.assert_allclose(ours.get_layer("embedding").kernel.numpy(), resize_patch_embedding(kernel, (4, 4)),
                                rtol=1e-6, atol=1e-6)
     assert np.all(np.isfinite(ours.predict(images(), verbose=0)))
+
+
+def test_a_keyword_wins_over_the_config(tmp_path):
+    """OpenAI's CLIP weights sit in a repository whose config names timm's
+    exact GELU; `gelu="quick"` restores OpenAI's, and timm's QuickGELU model
+    of the same weights gives the same features."""
+    exact = timm_model("vit_base_patch16_clip_224.openai")
+    publish(tmp_path, "vit_base_patch16_clip_224.openai", exact)
+    quick = timm_model("vit_base_patch16_clip_quickgelu_224.openai")
+    quick.load_state_dict(exact.state_dict())
+    logits, _ = reference(quick, images())
+    ours = keras_vit.from_timm("vit_base_patch16_clip_224.openai", gelu="quick", cache_dir=tmp_path,
+                               local_files_only=True)
+    assert ours.get_layer("encoderblock_0").gelu == "quick"
+    assert_close_rel(ours.predict(images(), verbose=0), logits, tol=1e-4)
 
 
 def test_another_number_of_classes_gets_a_zero_head(tmp_path):
