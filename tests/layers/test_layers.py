@@ -206,3 +206,35 @@ def test_pi_resize_meets_its_definition(old, new):
     np.testing.assert_allclose(resized_embedded, embedded, atol=1e-4 * np.abs(embedded).max())
     with pytest.raises(ValueError, match="new_size"):
         resize_patch_embedding(kernel, (0, 8))
+
+
+def test_qk_norm_attention_normalises_queries_and_keys_on_both_paths():
+    """Issue 24: `QKNormAttention` overrides `MultiHeadAttention._compute_attention`
+    (a protected hook Keras documents for custom attention; docs/training.md,
+    "Private Keras seams"): the fused call and the attention-scores call both
+    equal a numpy transcription with each head's queries and keys
+    layer-normalised."""
+    rng = np.random.default_rng(0)
+    attention = layers.QKNormAttention(num_heads=2, key_dim=4, qk_norm_epsilon=1e-6)
+    x = rng.normal(size=(2, 5, 8)).astype("float32")
+    attention.build(x.shape, x.shape)
+    randomize_weights(attention)
+    weights = {v.path.split("/", 1)[1]: v.numpy() for v in attention.weights}
+
+    def project(name):
+        return np.einsum("btd,dhk->bthk", x, weights[f"{name}/kernel"]) + weights[f"{name}/bias"]
+
+    def norm(name, value):
+        mean, var = value.mean(-1, keepdims=True), value.var(-1, keepdims=True)
+        return (value - mean) / np.sqrt(var + 1e-6) * weights[f"{name}/gamma"] + weights[f"{name}/beta"]
+
+    q, k, v = norm("query_norm", project("query")), norm("key_norm", project("key")), project("value")
+    logits = np.einsum("bqhk,bshk->bhqs", q, k) / 2.0
+    scores = np.exp(logits - logits.max(-1, keepdims=True))
+    scores /= scores.sum(-1, keepdims=True)
+    mixed = np.einsum("bhqs,bshk->bqhk", scores, v)
+    expected = np.einsum("bqhk,hkd->bqd", mixed, weights["attention_output/kernel"]) + weights["attention_output/bias"]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(attention(x, x)), expected, rtol=1e-4, atol=1e-5)
+    out, got_scores = attention(x, x, return_attention_scores=True)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(out), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(got_scores), scores, rtol=1e-4, atol=1e-6)
