@@ -242,6 +242,8 @@ _TIMM_DEFAULTS = dict(
     no_embed_class=False, reg_tokens=0, pre_norm=False, final_norm=True, fc_norm=None, act_layer="gelu",
     layer_norm_eps=1e-6,
 )
+# timm's `global_pool` -> keras_vit's classifier (and pooling).
+TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}
 # The values keras_vit cannot express: the argument must keep timm's default.
 _FIXED = ("qkv_bias", "proj_bias", "final_norm", "in_chans")
 
@@ -262,7 +264,7 @@ def builder_kwargs(args):
         if a[name] != _TIMM_DEFAULTS[name]:
             raise ValueError(f"keras_vit has no equivalent of timm's {name}={a[name]!r} "
                              f"(only {_TIMM_DEFAULTS[name]!r}). Received: {name}={a[name]!r}")
-    if a["global_pool"] not in ("token", "avg", "map", ""):
+    if a["global_pool"] not in (*TIMM_POOLS, ""):
         raise ValueError(f"keras_vit has no equivalent of timm's global_pool={a['global_pool']!r} "
                          "(token, avg, map or none). Received: global_pool=" + repr(a["global_pool"]))
     if a["act_layer"] not in TIMM_GELUS:
@@ -274,7 +276,7 @@ def builder_kwargs(args):
     kwargs = dict(
         input_shape=(*size, 3), patch_size=a["patch_size"], hidden_size=a["embed_dim"], num_layers=a["depth"],
         num_heads=a["num_heads"], mlp_dim=int(a["embed_dim"] * a["mlp_ratio"]),
-        classifier={"token": "token", "avg": "gap", "map": "map"}[pooled], class_token=bool(a["class_token"]),
+        classifier=TIMM_POOLS[pooled], class_token=bool(a["class_token"]),
         num_register_tokens=a["reg_tokens"], no_embed_class=bool(a["no_embed_class"]),
         layer_scale_init=a["init_values"], pre_norm=bool(a["pre_norm"]),
         # timm: None means "after pooling for average pooling".
@@ -287,7 +289,7 @@ def builder_kwargs(args):
     if a["num_classes"] > 0:
         kwargs["num_classes"] = a["num_classes"]
     else:
-        kwargs["pooling"] = None if not a["global_pool"] else {"token": "token", "avg": "gap", "map": "map"}[pooled]
+        kwargs["pooling"] = TIMM_POOLS[pooled] if a["global_pool"] else None
     return kwargs
 
 
