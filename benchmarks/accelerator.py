@@ -13,7 +13,11 @@ steady one) and the peak device memory. keras_vit, keras-hub's ViT (same
 backend) and timm (PyTorch, on CUDA when present, bfloat16 through
 autocast, its fused attention as it ships) are measured interleaved, each
 backend in its own process (`KERAS_BACKEND` is fixed at import), medians
-of `--repeats`. The helpers are `benchmarks/bench.py`'s.
+of `--repeats`. Every library gets its batch already on the device
+(`--numpy-inputs`: Keras models copy a numpy batch in every step). Rows are
+printed and saved as they come, so a run cut short keeps what it measured.
+JAX cannot reset its peak-memory count: its figure is the process's
+running maximum. The helpers are `benchmarks/bench.py`'s.
 """
 
 import argparse
@@ -117,6 +121,18 @@ def measure(runner, repeats):
     return max(first - median, 0.0), median
 
 
+def configure(dtype, flash):
+    """Sets Keras' global dtype policy and flash-attention switch; needed
+    before every model, because `keras.backend.clear_session()` resets both
+    (to float32 and to "flash where possible"; a first H200 run measured
+    models in float32 under the bfloat16 label before this was seen).
+    `enable_flash_attention()` stores None, "wherever the kernel applies"."""
+    import keras
+
+    keras.config.set_dtype_policy("mixed_bfloat16" if dtype == "bfloat16" else "float32")
+    (keras.config.enable_flash_attention if flash else keras.config.disable_flash_attention)()
+
+
 def run_worker(args):
     import keras
     import numpy as np
@@ -126,47 +142,49 @@ def run_worker(args):
     rows = []
     for model in args.models:
         for image in args.sizes:
-            for dtype in ("float32", "bfloat16"):
-                for flash in (False, True):
-                    keras.config.set_dtype_policy("mixed_bfloat16" if dtype == "bfloat16" else "float32")
-                    (keras.config.enable_flash_attention if flash else keras.config.disable_flash_attention)()
-                    for mode, batch in (("inference", args.batch), ("training", args.train_batch)):
-                        rng = np.random.default_rng(0)
-                        x = rng.uniform(-1, 1, (batch, image, image, 3)).astype("float32")
-                        y = rng.integers(0, bench.num_classes(model), (batch,))
-                        row = dict(backend=backend, device=device, model=model, image=image, dtype=dtype,
-                                   flash_attention=flash, mode=mode, batch=batch)
-                        builders = {"keras_vit": bench.build_keras_vit, "keras-hub": bench.build_keras_hub}
-                        for name, build in builders.items():
-                            try:
-                                runner = bench.keras_runner(build(model, image), x, y, mode)
-                            except ImportError:
-                                continue
-                            except Exception as error:  # e.g. flash attention refused on this device
-                                row[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                                continue
+            for dtype, flash in args.configs:
+                for mode, batch in (("inference", args.batch), ("training", args.train_batch)):
+                    rng = np.random.default_rng(0)
+                    x = rng.uniform(-1, 1, (batch, image, image, 3)).astype("float32")
+                    y = rng.integers(0, bench.num_classes(model), (batch,))
+                    row = dict(backend=backend, device=device, model=model, image=image, dtype=dtype,
+                               flash_attention=flash, mode=mode, batch=batch)
+                    builders = {"keras_vit": bench.build_keras_vit, "keras-hub": bench.build_keras_hub}
+                    for name, build in builders.items():
+                        try:
+                            configure(dtype, flash)
+                            built = build(model, image)
+                            runner = bench.keras_runner(built, x, y, mode, on_device=not args.numpy_inputs)
+                        except ImportError:
+                            continue
+                        except Exception as error:  # e.g. flash attention refused on this device
+                            row[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                            continue
+                        reset_peak()
+                        try:
+                            compile_s, step_s = measure(runner, args.repeats)
+                        except Exception as error:
+                            row[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                            continue
+                        row.update({f"{name}_img_s": round(batch / step_s, 2), f"{name}_step_ms": round(1e3 * step_s, 2),
+                                    f"{name}_compile_s": round(compile_s, 2), f"{name}_peak_mb": peak_memory_mb(),
+                                    # What the measured model really ran with.
+                                    f"{name}_policy": built.dtype_policy.name,
+                                    f"{name}_flash": keras.config.is_flash_attention_enabled() is not False})
+                        keras.backend.clear_session()
+                    if backend == "torch" and not flash:  # timm once per dtype: its own attention kernel
+                        try:
+                            runner = bench.timm_runner(model, image, x, y, mode)
+                            runner = timm_bf16(runner) if dtype == "bfloat16" else runner
                             reset_peak()
-                            try:
-                                compile_s, step_s = measure(runner, args.repeats)
-                            except Exception as error:
-                                row[f"{name}_error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                                continue
-                            row.update({f"{name}_img_s": round(batch / step_s, 2), f"{name}_step_ms": round(1e3 * step_s, 2),
-                                        f"{name}_compile_s": round(compile_s, 2), f"{name}_peak_mb": peak_memory_mb()})
-                            keras.backend.clear_session()
-                        if backend == "torch" and not flash:  # timm once per dtype: its own attention kernel
-                            try:
-                                runner = bench.timm_runner(model, image, x, y, mode)
-                                runner = timm_bf16(runner) if dtype == "bfloat16" else runner
-                                reset_peak()
-                                compile_s, step_s = measure(runner, args.repeats)
-                                row.update({"timm_img_s": round(batch / step_s, 2),
-                                            "timm_step_ms": round(1e3 * step_s, 2), "timm_peak_mb": peak_memory_mb()})
-                            except ImportError:
-                                pass
-                        rows.append(row)
-                        print(json.dumps(row), flush=True)
-    keras.config.set_dtype_policy("float32")
+                            compile_s, step_s = measure(runner, args.repeats)
+                            row.update({"timm_img_s": round(batch / step_s, 2),
+                                        "timm_step_ms": round(1e3 * step_s, 2), "timm_peak_mb": peak_memory_mb()})
+                        except ImportError:
+                            pass
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    configure("float32", False)
     return rows
 
 
@@ -185,11 +203,23 @@ def markdown(rows):
     return "\n".join(lines)
 
 
+def parse_config(text):
+    dtype, _, flash = text.partition(":")
+    if dtype not in ("float32", "bfloat16") or flash not in ("on", "off"):
+        raise SystemExit(f"--configs: expected dtype:flash pairs like bfloat16:on, got {text!r}")
+    return dtype, flash == "on"
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backends", default="jax,tensorflow,torch")
     parser.add_argument("--models", default="B,L")
     parser.add_argument("--sizes", default="224,384")
+    parser.add_argument("--configs", default="float32:off,float32:on,bfloat16:off,bfloat16:on",
+                        help="dtype:flash pairs, e.g. bfloat16:on (fused attention kernels need 16-bit inputs)")
+    parser.add_argument("--numpy-inputs", action="store_true",
+                        help="Keras models get numpy batches (copied to the device in every step) instead of "
+                             "batches already on the device, as timm's are")
     parser.add_argument("--batch", type=int, default=32, help="inference batch")
     parser.add_argument("--train-batch", type=int, default=16, help="training batch")
     parser.add_argument("--repeats", type=int, default=5)
@@ -199,6 +229,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.models = ["tiny"] if args.smoke else args.models.split(",")
     args.sizes = [32] if args.smoke else [int(s) for s in args.sizes.split(",")]
+    args.configs = [parse_config(c) for c in args.configs.split(",")]
     if args.smoke:
         args.batch, args.train_batch, args.repeats = 2, 2, 1
     return args
@@ -211,17 +242,26 @@ def main(argv=None):
     rows = []
     for backend in args.backends.split(","):
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-        result = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--worker"],
-                                env=env, capture_output=True, text=True)
-        if result.returncode:
-            sys.stderr.write(result.stderr[-3000:])
+        # Rows are echoed and saved as they come: a run cut short by a time
+        # limit (a lent accelerator) keeps what it measured.
+        worker = subprocess.Popen([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--worker"],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for line in worker.stdout:
+            if line.startswith("{"):
+                rows.append(json.loads(line))
+                print(line, end="", flush=True)
+                save(rows, args.json)
+        if worker.wait():
+            sys.stderr.write(worker.stderr.read()[-3000:])
             raise SystemExit(f"the {backend} worker failed")
-        rows += [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
     return rows
+
+
+def save(rows, path):
+    if path:
+        with open(path, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

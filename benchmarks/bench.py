@@ -138,9 +138,14 @@ def make_optimizer(name, model):
     return keras.optimizers.AdamW(1e-4)
 
 
-def keras_runner(model, x, y, mode, optimizer="adamw", jit_compile="auto"):
+def keras_runner(model, x, y, mode, optimizer="adamw", jit_compile="auto", on_device=False):
+    """`on_device`: the batch is put on the accelerator once, as timm's is and
+    as a prefetching input pipeline delivers it; otherwise every call copies
+    the numpy batch to the device first."""
     import keras
 
+    if on_device:
+        x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     if mode == "inference":
         return lambda: keras.ops.convert_to_numpy(model.predict_on_batch(x))
     model.compile(
@@ -160,14 +165,21 @@ def timm_runner(size, image, x, y, mode, optimizer="adamw"):
         img_size=image, patch_size=patch, embed_dim=hidden, depth=layers,
         num_heads=heads, mlp_ratio=mlp / hidden, num_classes=num_classes(size),
     )
-    xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
-    yt = torch.from_numpy(y.astype("int64"))
+    # On CUDA when present, like Keras' torch backend; a step ends with a
+    # synchronize because CUDA calls return before the work is done (Keras'
+    # runners return numpy, which waits too).
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model = model.to(device)
+    xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
+    yt = torch.from_numpy(y.astype("int64")).to(device)
     if mode == "inference":
         model.eval()
 
         def run():
             with torch.no_grad():
                 model(xt)
+            sync()
 
         return run
     params = list(model.parameters())
@@ -182,6 +194,7 @@ def timm_runner(size, image, x, y, mode, optimizer="adamw"):
         if optimizer == "original":  # The recipes' global-norm clipping.
             torch.nn.utils.clip_grad_norm_(params, 1.0)
         update.step()
+        sync()
 
     return step
 

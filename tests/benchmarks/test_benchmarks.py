@@ -169,6 +169,10 @@ def test_accelerator_benchmark_smoke_run(tmp_path):
         assert row["backend"] == backend and row["device"], row
         assert row["keras_vit_img_s"] > 0 and row["keras_vit_step_ms"] > 0 and row["keras_vit_peak_mb"] > 0, row
         assert row["keras_vit_compile_s"] >= 0
+        # Each model runs under its row's policy and attention switch
+        # (clear_session() between models resets both).
+        policy = "mixed_bfloat16" if row["dtype"] == "bfloat16" else "float32"
+        assert (row["keras_vit_policy"], row["keras_vit_flash"]) == (policy, row["flash_attention"]), row
     if backend == "torch":  # timm beside it, once per dtype
         assert sum("timm_img_s" in r for r in rows) == 4
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
