@@ -30,10 +30,13 @@ class ModelAnatomy:
     """The structure of a keras_vit model.
 
     Args:
-        image_size: `(height, width)` of the model's input in pixels.
+        image_size: `(height, width)` of the model's input in pixels; for a
+            dynamic-size model, the size its position embeddings are stored
+            for.
         channels: channels of the input image.
-        grid: `(rows, cols)` of the patch grid; token `num_prefix_tokens +
-            r * cols + c` is the patch at row `r`, column `c`.
+        grid: `(rows, cols)` of the patch grid (of `image_size`); token
+            `num_prefix_tokens + r * cols + c` is the patch at row `r`,
+            column `c`.
         patch_size: `(height, width)` of one patch in input pixels. For a
             hybrid this is the ResNet stem's stride times the patch size on
             its feature map.
@@ -62,6 +65,8 @@ class ModelAnatomy:
         num_classes: width of the `head` layer, or None without a head.
         outputs_tokens: True when the model's output is the token sequence
             after `encoder_norm` (`include_top=False, pooling=None`).
+        dynamic: True when the model takes any image size (an input side of
+            None); its position embeddings follow each input's grid.
     """
 
     image_size: tuple
@@ -83,6 +88,7 @@ class ModelAnatomy:
     has_pre_logits: bool
     num_classes: object
     outputs_tokens: bool
+    dynamic: bool = False
 
     @property
     def num_patches(self):
@@ -91,6 +97,11 @@ class ModelAnatomy:
     @property
     def num_tokens(self):
         return self.num_prefix_tokens + self.num_patches
+
+    def grid_of(self, height, width):
+        """`(rows, cols)` of the patch grid of images of `height` x `width`
+        (a dynamic-size model takes any; a fixed one its own)."""
+        return height // self.patch_size[0], width // self.patch_size[1]
 
 
 def _describe(model):
@@ -152,11 +163,16 @@ def anatomy(model):
     """
     names = _block_names(model)
     embedding = get_layer(model, "embedding", vit_layers.PatchEmbedding)
-    get_layer(model, "posembed_input", vit_layers.AddPositionEmbedding)
+    posemb = get_layer(model, "posembed_input", vit_layers.AddPositionEmbedding)
     image_shape = tuple(model.inputs[0].shape)
     feature_shape = tuple(embedding.input.shape)
-    height, width = image_shape[1], image_shape[2]
-    rows, cols = embedding.grid_size(feature_shape) if None not in feature_shape[1:3] else (None, None)
+    dynamic = posemb.stride is not None
+    if dynamic:  # The grid the position embeddings are stored for.
+        rows, cols = posemb.grid
+        height, width = rows * posemb.stride[0], cols * posemb.stride[1]
+    else:
+        height, width = image_shape[1], image_shape[2]
+        rows, cols = embedding.grid_size(feature_shape)
     if None in (height, width, rows, cols) or rows == 0 or cols == 0:
         raise ValueError(
             "The model needs a fixed input size to place its patches. "
@@ -174,7 +190,6 @@ def anatomy(model):
         last = model.get_layer(names[-1])
     else:
         last = get_layer(model, "encoder_norm")
-    posemb = model.get_layer("posembed_input")
     resnet, resnet_width = _resnet(model)
     return ModelAnatomy(
         image_size=(height, width),
@@ -192,10 +207,11 @@ def anatomy(model):
         num_prefix_tokens=num_prefix,
         posemb_prefix_tokens=posemb.pos_embedding.shape[1] - rows * cols,
         has_class_token=has_cls,
-        hybrid=feature_shape[1:3] != image_shape[1:3],
+        hybrid=resnet is not None if dynamic else feature_shape[1:3] != image_shape[1:3],
         resnet=resnet,
         resnet_width=resnet_width,
         has_pre_logits="pre_logits" in layer_names,
         num_classes=head.units if isinstance(head, keras.layers.Dense) else None,
         outputs_tokens=len(model.outputs) == 1 and model.outputs[0] is last.output,
+        dynamic=dynamic,
     )

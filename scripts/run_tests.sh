@@ -43,7 +43,7 @@ PY312_BACKENDS="jax tensorflow"
 # size, and the tiny configs run the same code at the floor.
 LOWEST_TESTS="tests/models/test_models.py tests/test_anatomy.py tests/layers/test_layers.py tests/weights/test_weights.py
   tests/models/test_hybrid.py tests/data/test_data.py tests/data/test_vtab_tasks.py tests/test_big_models.py
-  tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py tests/test_features.py"
+  tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py tests/test_features.py tests/test_dynamic_size.py"
 # Python 3.12: the library's and the recipes' tests (not the benchmarks',
 # which compare with timm, nor the notebook's, which needs Jupyter).
 PY312_TESTS="tests --ignore=tests/benchmarks --ignore=tests/test_notebook.py"

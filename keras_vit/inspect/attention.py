@@ -133,8 +133,8 @@ def attention_model(model, blocks=None):
 def check_images(model, images):
     """`images` as a numpy array, checked against the model's input shape."""
     images = keras.ops.convert_to_numpy(images)
-    expected = tuple(model.inputs[0].shape[1:])
-    if images.ndim != 4 or tuple(images.shape[1:]) != expected:
+    expected = tuple(model.inputs[0].shape[1:])  # None: any size (a dynamic-size model)
+    if images.ndim != 4 or any(e is not None and e != s for e, s in zip(expected, images.shape[1:])):
         raise ValueError(
             f"`images` must have shape (batch, {', '.join(map(str, expected))}) "
             f"for this model. Received: images.shape={images.shape}"

@@ -18,7 +18,7 @@ attention to the class token as distance 0).
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import attention_batches
+from keras_vit.inspect.attention import attention_batches, check_images
 from keras_vit.anatomy import anatomy
 
 
@@ -103,7 +103,8 @@ def model_attention_distance(model, images, renormalize=True, batch_size=32):
         float64 array `(layers, heads)` in input pixels.
     """
     geo = anatomy(model)
-    distances = patch_distances(geo.grid, geo.patch_size)
+    images = check_images(model, images)
+    distances = patch_distances(geo.grid_of(*images.shape[1:3]), geo.patch_size)
     totals = counts = 0
     for attentions in attention_batches(model, images, batch_size):
         batch_totals, batch_counts = _distance_sums(

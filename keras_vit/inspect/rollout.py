@@ -12,7 +12,7 @@ ViT-L/16 and reads the class token's row.
 import numpy as np
 
 from keras_vit.inspect import plotting
-from keras_vit.inspect.attention import attention_batches
+from keras_vit.inspect.attention import attention_batches, check_images
 from keras_vit.anatomy import anatomy
 
 SOURCES = ("token", "mean")
@@ -152,12 +152,14 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
         maximum of 1 per image.
     """
     geo = anatomy(model)
+    images = check_images(model, images)
+    grid = geo.grid_of(*images.shape[1:3])
     grid_maps = []
     for attentions in attention_batches(model, images, batch_size):
         rollout = attention_rollout(attentions, head_fusion=head_fusion)
-        grid_maps.append(rollout_to_grid(rollout, geo.grid, geo.num_prefix_tokens, source))
+        grid_maps.append(rollout_to_grid(rollout, grid, geo.num_prefix_tokens, source))
     grid_maps = np.concatenate(grid_maps)
-    image_maps = np.clip(upsample_maps(grid_maps, geo.image_size), 0.0, 1.0)
+    image_maps = np.clip(upsample_maps(grid_maps, images.shape[1:3]), 0.0, 1.0)
     return grid_maps, image_maps
 
 

@@ -3,7 +3,7 @@
 from keras_vit.layers.attention_pooling import AttentionPooling
 from keras_vit.layers.class_token import ClassToken
 from keras_vit.layers.encoder_block import MlpBlock, QKNormAttention, TransformerEncoderBlock
-from keras_vit.layers.patch_embedding import PatchEmbedding
+from keras_vit.layers.patch_embedding import ImageSizeCheck, PatchEmbedding
 from keras_vit.layers.pooling import SequencePooling
 from keras_vit.layers.preprocess_input import PreprocessInput
 from keras_vit.layers.std_conv import StdConv2D
@@ -16,6 +16,7 @@ __all__ = [
     "AddPositionEmbedding",
     "AttentionPooling",
     "ClassToken",
+    "ImageSizeCheck",
     "MlpBlock",
     "PatchEmbedding",
     "PreprocessInput",

@@ -72,11 +72,10 @@ class PatchEmbedding(keras.layers.Layer):
             )
 
     def grid_size(self, input_shape):
-        """(rows, cols) of the patch grid for an input of `input_shape`."""
-        return (
-            input_shape[1] // self.patch_size[0],
-            input_shape[2] // self.patch_size[1],
-        )
+        """(rows, cols) of the patch grid for an input of `input_shape`
+        (None for an unknown side)."""
+        return tuple(None if side is None else side // patch
+                     for side, patch in zip(input_shape[1:3], self.patch_size))
 
     def call(self, images):
         kernel = ops.cast(self.kernel, self.compute_dtype)
@@ -152,3 +151,50 @@ def resize_patch_embedding(kernel, new_size):
     pinv = np.linalg.pinv(resize_matrix(old_size, new_size).T)  # (new, old)
     flat = kernel.reshape(old_size[0] * old_size[1], -1).astype(np.float64)
     return (pinv @ flat).reshape(*new_size, *kernel.shape[2:]).astype(kernel.dtype)
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class ImageSizeCheck(keras.layers.Layer):
+    """Passes images through, refusing sides that are not multiples of `stride`.
+
+    The first layer of a dynamic-size model: its patch convolution would
+    otherwise drop the last partial row or column of patches without a word.
+    Sizes known when the layer runs (eager, `jax.jit`, PyTorch, TensorFlow
+    graphs traced at a size) get a `ValueError` naming the shape. In a
+    TensorFlow graph of unknown size, where `keras.ops` has no assertion, a
+    reshape of a `(side,)` vector into rows of `stride` fails at run time
+    unless the side is a multiple ("Input to reshape is a tensor with <side>
+    values, but the requested shape requires a multiple of <stride>"); its
+    zero sum is added to the images so that the graph keeps the check.
+
+    Args:
+        stride: `(height, width)` in pixels of one patch (for a hybrid: the
+            ResNet stem's stride times the patch size).
+    """
+
+    def __init__(self, stride, **kwargs):
+        super().__init__(**kwargs)
+        self.stride = normalize_pair(stride, "stride")
+
+    def call(self, images):
+        shape = ops.shape(images)
+        checks = []
+        for what, side, stride in zip(("height", "width"), shape[1:3], self.stride):
+            if isinstance(side, int):
+                if side % stride or side == 0:
+                    raise ValueError(
+                        f"The image {what} must be a positive multiple of {stride}, the pixels of one patch "
+                        "of this model (for a hybrid: the ResNet stem's stride times the patch size). "
+                        f"Received: images of shape {tuple(images.shape)}"
+                    )
+            else:
+                checks.append(ops.sum(ops.reshape(ops.zeros((side,), images.dtype), (-1, stride))))
+        return images + sum(checks) if checks else images
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config["stride"] = self.stride
+        return config

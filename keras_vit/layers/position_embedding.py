@@ -23,41 +23,109 @@ class AddPositionEmbedding(keras.layers.Layer):
     To use checkpoints trained at another resolution, the loaders resample
     the embedding with `resample_position_embedding` below.
 
+    Dynamic-size models (`stride` set) store the embedding for one patch
+    `grid` and take the images as a second input: at every call the grid
+    rows are resampled to the images' patch grid inside the graph, with the
+    numbers of `resample_position_embedding` (the original's
+    `interpolate_posembed` for `"linear"`), the prefix rows kept as they
+    are; at the stored grid they are used as stored.
+
     Args:
         initializer: Initializer for the embedding. Defaults to
             `RandomNormal(stddev=0.02)`.
+        grid: `(rows, cols)` of the stored embedding (dynamic models only).
+        stride: `(height, width)` in image pixels of one token (the patch
+            size; for a hybrid the ResNet stem's stride times it). Setting it
+            makes the layer dynamic.
+        num_prefix_tokens: rows before the grid (1 for a class token).
+        interpolation: `"linear"`, `"bicubic"` or `"bicubic_antialias"`.
+
+    Call arguments:
+        tokens: `(B, T, D)` tensor.
+        images: the model's `(B, H, W, C)` input (dynamic models only).
 
     Returns:
         `(B, T, D)` tensor.
     """
 
-    def __init__(self, initializer=None, **kwargs):
+    def __init__(self, initializer=None, grid=None, stride=None, num_prefix_tokens=0,
+                 interpolation="linear", **kwargs):
         super().__init__(**kwargs)
         if initializer is None:
             initializer = keras.initializers.RandomNormal(stddev=0.02)
         self.initializer = keras.initializers.get(initializer)
+        if (grid is None) != (stride is None):
+            raise ValueError(
+                "A dynamic position embedding needs both `grid` and `stride`. "
+                f"Received: grid={grid!r}, stride={stride!r}"
+            )
+        if interpolation not in INTERPOLATIONS:
+            raise ValueError(
+                f"`interpolation` must be one of {INTERPOLATIONS}. Received: interpolation={interpolation!r}"
+            )
+        self.grid = None if grid is None else tuple(int(g) for g in grid)
+        self.stride = None if stride is None else tuple(int(s) for s in stride)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.interpolation = interpolation
 
     def build(self, input_shape):
-        if input_shape[1] is None:
+        if self.grid is not None:
+            tokens = self.num_prefix_tokens + self.grid[0] * self.grid[1]
+        elif input_shape[1] is None:
             raise ValueError(
                 "AddPositionEmbedding needs a known number of tokens, so the "
                 f"model needs a fixed input size. Received: input_shape={input_shape}"
             )
+        else:
+            tokens = input_shape[1]
         self.pos_embedding = self.add_weight(
             name="pos_embedding",
-            shape=(1, input_shape[1], input_shape[2]),
+            shape=(1, tokens, input_shape[2]),
             initializer=self.initializer,
         )
 
-    def call(self, tokens):
-        return tokens + ops.cast(self.pos_embedding, self.compute_dtype)
+    def call(self, tokens, images=None):
+        posemb = self.pos_embedding
+        if self.stride is not None:
+            posemb = self._resampled(posemb, *self._target_grid(images))
+        return tokens + ops.cast(posemb, self.compute_dtype)
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
+    def _target_grid(self, images):
+        # The sides are multiples of the stride: `ImageSizeCheck` at the
+        # model's input refuses others.
+        if images is None:
+            raise ValueError(
+                f"The dynamic position embedding {self.name!r} reads the patch grid from the images: "
+                "call it as `layer(tokens, images)`. Received: images=None"
+            )
+        shape = ops.shape(images)
+        return shape[1] // self.stride[0], shape[2] // self.stride[1]
+
+    def _resampled(self, posemb, rows, cols):
+        static = isinstance(rows, int) and isinstance(cols, int)
+        if static and (rows, cols) == self.grid:
+            return posemb
+        prefix = posemb[:, : self.num_prefix_tokens]
+        grid = ops.reshape(posemb[0, self.num_prefix_tokens:], (*self.grid, -1))
+        # Static sizes: the matrices in float64 as the loaders resample (at
+        # trace time under jax.jit and tf.function; per call, microseconds, in
+        # PyTorch's eager mode). Symbolic sizes: float32 graph ops.
+        xp = np if static else ops
+        row_matrix, col_matrix = (
+            ops.cast(interpolation_matrix(size, target, self.interpolation, xp), posemb.dtype)
+            for size, target in zip(self.grid, (rows, cols)))
+        grid = ops.einsum("ri,ijd,cj->rcd", row_matrix, grid, col_matrix)
+        return ops.concatenate([prefix, ops.reshape(grid, (1, -1, ops.shape(posemb)[-1]))], axis=1)
+
+    def compute_output_shape(self, tokens_shape, images_shape=None):
+        return tokens_shape
 
     def get_config(self):
         config = super().get_config()
         config["initializer"] = keras.initializers.serialize(self.initializer)
+        if self.stride is not None:
+            config.update(grid=self.grid, stride=self.stride, num_prefix_tokens=self.num_prefix_tokens,
+                          interpolation=self.interpolation)
         return config
 
 
@@ -75,77 +143,69 @@ def infer_square_grid(num_tokens, what="position embedding"):
     return side, side
 
 
-def _linear_weights(in_size, out_size):
-    """Interpolation matrix (out, in) of scipy.ndimage.zoom(order=1).
+def _float(x, xp):
+    """`x` as floats: float64 for numpy, float32 in a graph; Python numbers
+    (static sizes) stay Python numbers."""
+    if isinstance(x, (int, float)):
+        return float(x)
+    return np.asarray(x, np.float64) if xp is np else ops.cast(x, "float32")
 
-    With scipy's default `grid_mode=False` the corner pixel centres of the
-    input and output grids coincide: output index o samples the input at
-    o * (in - 1) / (out - 1) (bilinear with align_corners=True).
+
+def _keys(x, a, xp):
+    """Keys' cubic convolution kernel at `x` (zero from |x| = 2 on)."""
+    x = xp.abs(x)
+    return xp.where(
+        x <= 1,
+        ((a + 2) * x - (a + 3)) * x * x + 1,
+        xp.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0 * x),
+    )
+
+
+def linear_matrix(coords, in_size, xp=np):
+    """`(len(coords), in_size)` weights of linear interpolation at the input
+    positions `coords` (each in [0, in - 1]): the tent kernel."""
+    source = _float(xp.arange(in_size), xp)
+    return xp.maximum(1 - xp.abs(coords[:, None] - source[None, :]), 0.0 * source[None, :])
+
+
+def interpolation_matrix(in_size, out_size, interpolation, xp=np):
+    """The `(out_size, in_size)` matrix that resamples one axis.
+
+    One definition for both uses: with `xp=np` (float64) the loaders resample
+    checkpoints; with `xp=keras.ops` (float32) a dynamic-size model resamples
+    inside its graph, where `out_size` may be a symbolic tensor (TensorFlow
+    graphs of unknown image size). `in_size` is a Python int. Each matrix is
+    written densely over the input positions, which equals the usual
+    few-taps form because the kernels vanish outside their support.
+
+    - `"linear"`: `scipy.ndimage.zoom(order=1)` (the original's
+      `interpolate_posembed`): with scipy's default `grid_mode=False` the
+      corner pixel centres coincide, output o samples the input at
+      o * (in - 1) / (out - 1) (bilinear with align_corners=True).
+    - `"bicubic"`: `torch.nn.functional.interpolate(mode="bicubic",
+      align_corners=False)`: half-pixel centres, Keys' kernel with
+      a = -0.75, borders replicated.
+    - `"bicubic_antialias"`: the same with `antialias=True` (PIL's
+      resampling, timm's `resample_abs_pos_embed`): a = -0.5, the kernel
+      widened by the scale when shrinking, each row normalised.
     """
-    if in_size == 1 or out_size == 1:
-        matrix = np.zeros((out_size, in_size), np.float64)
-        matrix[:, 0] = 1.0
-        return matrix
-    return linear_matrix(np.arange(out_size) * (in_size - 1) / (out_size - 1), in_size)
-
-
-def linear_matrix(coords, in_size):
-    """Interpolation matrix (len(coords), in) of linear interpolation at the
-    input positions `coords` (each in [0, in - 1])."""
-    matrix = np.zeros((len(coords), in_size), np.float64)
-    lower = np.clip(np.floor(coords).astype(int), 0, in_size - 1)
-    upper = np.minimum(lower + 1, in_size - 1)
-    frac = coords - lower
-    rows = np.arange(len(coords))
-    np.add.at(matrix, (rows, lower), 1.0 - frac)
-    np.add.at(matrix, (rows, upper), frac)
-    return matrix
-
-
-def _cubic_weights(in_size, out_size, a=-0.75):
-    """Interpolation matrix (out, in) of bicubic resizing with half-pixel
-    centres and Keys' kernel (a = -0.75), borders replicated; this is
-    `torch.nn.functional.interpolate(mode="bicubic", align_corners=False)`,
-    the resampling timm applies to position embeddings (without antialias).
-    """
-
-    def kernel(x):
-        x = np.abs(x)
-        return np.where(
-            x <= 1,
-            ((a + 2) * x - (a + 3)) * x * x + 1,
-            np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0),
-        )
-
-    matrix = np.zeros((out_size, in_size), np.float64)
-    coords = (np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5
-    base = np.floor(coords).astype(int)
-    rows = np.arange(out_size)
-    for tap in range(-1, 3):
-        index = base + tap
-        weight = kernel(coords - index)
-        np.add.at(matrix, (rows, np.clip(index, 0, in_size - 1)), weight)
-    return matrix
-
-
-def _cubic_antialias_weights(in_size, out_size, a=-0.5):
-    """Interpolation matrix (out, in) of PyTorch's `interpolate(mode="bicubic",
-    antialias=True, align_corners=False)`, PIL's resampling: Keys' kernel
-    with a = -0.5, widened by the scale when shrinking, each row normalised.
-    timm resamples position embeddings with it (`resample_abs_pos_embed`)."""
-    scale = in_size / out_size
-    widen = max(scale, 1.0)
-    support = 2.0 * widen
-    matrix = np.zeros((out_size, in_size), np.float64)
-    for row in range(out_size):
-        center = (row + 0.5) * scale
-        lo = max(int(center - support + 0.5), 0)
-        hi = min(int(center + support + 0.5), in_size)
-        x = np.abs((np.arange(lo, hi) - center + 0.5) / widen)
-        weight = np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
-                          np.where(x < 2, ((a * x - 5 * a) * x + 8 * a) * x - 4 * a, 0.0))
-        matrix[row, lo:hi] = weight / weight.sum()
-    return matrix
+    out = _float(xp.arange(out_size), xp)
+    if interpolation == "linear":
+        return linear_matrix(out * ((in_size - 1) / xp.maximum(_float(out_size, xp) - 1, 1.0)), in_size, xp)
+    scale = in_size / _float(out_size, xp)
+    if interpolation == "bicubic":
+        coords = (out + 0.5) * scale - 0.5
+        # Taps reach two positions past either border; each one is folded
+        # onto the border position it replicates.
+        taps = np.arange(-2, in_size + 2)
+        weights = _keys(coords[:, None] - _float(taps, xp)[None, :], -0.75, xp)
+        fold = (np.clip(taps, 0, in_size - 1)[:, None] == np.arange(in_size)[None, :]).astype(np.float64)
+        return xp.matmul(weights, fold if xp is np else ops.cast(fold, "float32"))
+    widen = xp.maximum(scale, 1.0)
+    center = (out + 0.5) * scale
+    source = _float(xp.arange(in_size), xp)
+    weights = _keys((source[None, :] - center[:, None] + 0.5) / widen, -0.5, xp)
+    return weights / xp.sum(weights, axis=1, keepdims=True)
 
 
 def resample_grid(grid, new_shape, interpolation="linear"):
@@ -161,10 +221,8 @@ def resample_grid(grid, new_shape, interpolation="linear"):
             f"`interpolation` must be one of {INTERPOLATIONS}. "
             f"Received: interpolation={interpolation!r}"
         )
-    weights = {"linear": _linear_weights, "bicubic": _cubic_weights,
-               "bicubic_antialias": _cubic_antialias_weights}[interpolation]
-    rows = weights(grid.shape[0], new_shape[0])
-    cols = weights(grid.shape[1], new_shape[1])
+    rows = interpolation_matrix(grid.shape[0], new_shape[0], interpolation)
+    cols = interpolation_matrix(grid.shape[1], new_shape[1], interpolation)
     out = np.einsum("ri,ijd,cj->rcd", rows, grid.astype(np.float64), cols)
     return out.astype(grid.dtype)
 

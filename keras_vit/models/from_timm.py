@@ -38,7 +38,9 @@ def from_timm(
         num_classes: classes of the head. None: the checkpoint's. Another
             number gets a zero-initialised head (paper Sec. 3.2).
         input_shape: `(height, width, 3)`; default the checkpoint's size. The
-            position embeddings are resampled to another grid.
+            position embeddings are resampled to another grid. `(None, None,
+            3)`: a dynamic-size model storing the checkpoint's embeddings,
+            resampled to each input's grid with `posemb_interpolation`.
         include_top: with the head (a checkpoint without one, such as DINOv2's,
             needs `num_classes`).
         pooling: with `include_top=False`: `"default"` the checkpoint's own
@@ -70,6 +72,10 @@ def from_timm(
     checkpoint_pooling = builder.pop("pooling", None)
     builder.pop("include_top")
     if input_shape is not None:
+        if isinstance(input_shape, (tuple, list)) and None in tuple(input_shape)[:2]:
+            # A dynamic-size model keeps the checkpoint's embeddings as they
+            # are and resamples them in its graph as timm would.
+            builder.update(image_size=tuple(builder["input_shape"][:2]), posemb_interpolation=posemb_interpolation)
         builder["input_shape"] = input_shape
     if include_top:
         classes = checkpoint_classes if num_classes is None else num_classes

@@ -46,7 +46,8 @@ def _positive_int(value, name):
 
 
 def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
-    """Validates `(H, W, C)` and that the sides are multiples of `stride`.
+    """Validates `(H, W, C)` and that the sides are multiples of `stride`;
+    a side may be None (a dynamic-size model).
 
     For hybrids `stride` is the effective stride (stem stride x patch size).
     """
@@ -54,24 +55,45 @@ def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
         shape = tuple(input_shape)
     except TypeError:
         shape = ()
-    if len(shape) != 3 or not all(_is_int(s) and s > 0 for s in shape):
+    if len(shape) != 3 or not all((_is_int(s) and s > 0) or (s is None and i < 2) for i, s in enumerate(shape)):
         raise ValueError(
             "`input_shape` must be a tuple of 3 positive ints (height, width, "
-            f"channels). Received: input_shape={input_shape!r}"
+            "channels); height and width may be None for a model that takes "
+            f"any image size. Received: input_shape={input_shape!r}"
         )
-    shape = tuple(int(s) for s in shape)
-    if (shape[0] % stride[0] or shape[1] % stride[1]) and stem_stride > 1:
+    shape = tuple(None if s is None else int(s) for s in shape)
+    misfit = any(side is not None and side % step for side, step in zip(shape, stride))
+    if misfit and stem_stride > 1:
         raise ValueError(
             f"The image height and width must be multiples of the effective "
             f"stride {stride[0]}x{stride[1]} (ResNet stem stride {stem_stride} x "
             f"patch size {patch[0]}x{patch[1]}). Received: input_shape={shape}"
         )
-    if shape[0] % stride[0] or shape[1] % stride[1]:
+    if misfit:
         raise ValueError(
             f"The image height and width must be multiples of the patch size "
             f"{stride[0]}x{stride[1]}. Received: input_shape={shape}"
         )
     return shape
+
+
+def _stored_size(image_size, input_shape, stride):
+    """The `(height, width)` a dynamic-size model stores its position
+    embeddings for: `image_size` (int or pair), else 224 for each open side."""
+    if image_size is None:
+        return tuple(DEFAULT_INPUT_SHAPE[i] if side is None else side for i, side in enumerate(input_shape[:2]))
+    size = normalize_pair(image_size, "image_size")
+    if any(fixed is not None and fixed != side for fixed, side in zip(input_shape[:2], size)):
+        raise ValueError(
+            f"`image_size` must agree with the fixed side of `input_shape`. "
+            f"Received: image_size={image_size!r}, input_shape={input_shape}"
+        )
+    if size[0] % stride[0] or size[1] % stride[1]:
+        raise ValueError(
+            f"`image_size` must be a multiple of {stride[0]}x{stride[1]}, the pixels of one patch (for a "
+            f"hybrid: the ResNet stem's stride times the patch size). Received: image_size={image_size!r}"
+        )
+    return size
 
 
 def _resolve_fields(variant, overrides):
@@ -119,6 +141,7 @@ def ViT(
     remat=False,
     pixel_mean=None,
     pixel_std=None,
+    image_size=None,
     **overrides,
 ):
     """Builds a Vision Transformer (Dosovitskiy et al., ICLR 2021).
@@ -140,7 +163,17 @@ def ViT(
         input_tensor: optional Keras tensor to use as the image input.
         input_shape: `(height, width, channels)`; the sides must be multiples
             of the patch size (for hybrids: of the ResNet stem's stride times
-            the patch size). Defaults to `(224, 224, 3)`.
+            the patch size). Defaults to `(224, 224, 3)`. A side set to None
+            (`(None, None, 3)`) makes a dynamic-size model: it takes images
+            of any size whose sides are such multiples, its position
+            embeddings resampled to each image's patch grid inside the graph
+            (the numbers of `posemb_interpolation`); a side that is not a
+            multiple gets an error at call time naming the size.
+        image_size: a dynamic-size model only: the `(height, width)` (or
+            one int) its position embeddings are stored for; registered
+            `weights` are those of this resolution, and a checkpoint of
+            another grid is resampled once into it. Defaults to 224 for each
+            open side. At this size the embeddings are used as stored.
         pooling: only with `include_top=False` (refused otherwise): None returns the token sequence
             `(B, T, D)` after `encoder_norm`; `"token"` or `"gap"` (alias
             `"avg"`) the pooled representation (through `pre_logits` when the
@@ -259,12 +292,18 @@ def ViT(
     # --- Input ---
     if input_tensor is not None and input_shape is None:
         input_shape = tuple(input_tensor.shape[1:])
-    input_shape = _check_input_shape(
-        input_shape or DEFAULT_INPUT_SHAPE,
-        (stem_stride * patch[0], stem_stride * patch[1]),
-        stem_stride,
-        patch,
-    )
+    # Pixels per token: the patch, times the ResNet stem's stride for hybrids.
+    stride = (stem_stride * patch[0], stem_stride * patch[1])
+    input_shape = _check_input_shape(input_shape or DEFAULT_INPUT_SHAPE, stride, stem_stride, patch)
+    dynamic = None in input_shape[:2]
+    if dynamic:
+        stored = _stored_size(image_size, input_shape, stride)
+    elif image_size is not None:
+        raise ValueError(
+            "`image_size` sets the stored resolution of a dynamic-size model (an `input_shape` side "
+            f"set to None); this model's input is fixed. Received: image_size={image_size!r}, "
+            f"input_shape={input_shape}"
+        )
     if input_tensor is None:
         inputs = keras.Input(shape=input_shape, name="images")
     elif keras.backend.is_keras_tensor(input_tensor):
@@ -274,6 +313,8 @@ def ViT(
 
     # --- Embedding: patches, [class] token, position embedding ---
     x = inputs
+    if dynamic:
+        x = vit_layers.ImageSizeCheck(stride, name="image_size_check")(x)
     if include_preprocessing:
         x = vit_layers.PreprocessInput(pixel_mean, pixel_std, name="preprocess_input")(x)
     if fields["resnet"] is not None:
@@ -281,15 +322,23 @@ def ViT(
     x = vit_layers.PatchEmbedding(
         fields["hidden_size"], patch, use_bias=fields["patch_bias"], name="embedding"
     )(x)
+
+    def add_position_embedding(x, prefix):
+        if not dynamic:
+            return vit_layers.AddPositionEmbedding(name="posembed_input")(x)
+        return vit_layers.AddPositionEmbedding(
+            grid=(stored[0] // stride[0], stored[1] // stride[1]), stride=stride, num_prefix_tokens=prefix,
+            interpolation=posemb_interpolation, name="posembed_input")(x, inputs)
+
     if fields["no_embed_class"]:
-        x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
+        x = add_position_embedding(x, 0)
     # Order [class, registers, patches], as timm's.
     if fields["num_register_tokens"]:
         x = vit_layers.ClassToken(num_tokens=fields["num_register_tokens"], name="registers")(x)
     if has_class_token:
         x = vit_layers.ClassToken(name="cls")(x)
     if not fields["no_embed_class"]:
-        x = vit_layers.AddPositionEmbedding(name="posembed_input")(x)
+        x = add_position_embedding(x, num_prefix_tokens)
     x = keras.layers.Dropout(fields["dropout_rate"], name="dropout")(x)
     norm_epsilon = fields["layer_norm_epsilon"]
     if fields["pre_norm"]:

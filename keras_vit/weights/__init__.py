@@ -2,6 +2,7 @@
 
 import os
 
+from keras_vit.anatomy import anatomy
 from keras_vit.weights import cache, hub, registry
 from keras_vit.weights.hub import export_timm
 from keras_vit.weights.h5 import load_keras_weights
@@ -61,7 +62,7 @@ def load_weights(
     if path.endswith(".weights.h5"):
         return load_keras_weights(model, path, allow_nonfinite=allow_nonfinite)
     if not os.path.exists(path) and registry.is_registered(path):
-        bucket_path = registry.resolve(path, variant, model.input_shape[1])
+        bucket_path = registry.resolve(path, variant, anatomy(model).image_size[0])
         registry.check_architecture(model, variant, path)
         plans = []
 

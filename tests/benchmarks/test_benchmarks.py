@@ -14,6 +14,7 @@ from tests.helpers import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import accelerator  # noqa: E402
 import bench  # noqa: E402
+import dynamic_size  # noqa: E402
 import input_pipeline  # noqa: E402
 import real_images  # noqa: E402
 import step_costs  # noqa: E402
@@ -177,3 +178,15 @@ def test_accelerator_benchmark_smoke_run(tmp_path):
         assert sum("timm_img_s" in r for r in rows) == 4
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     assert accelerator.markdown(rows).count("\n") == 9
+
+
+def test_dynamic_size_benchmark_smoke_run():
+    """`benchmarks/dynamic_size.py --smoke` on this backend: a static and a
+    dynamic model at the stored size and another, with their ratio."""
+    backend = keras.backend.backend()
+    rows = dynamic_size.main(["--smoke", f"--backends={backend}"])
+    assert [(r["backend"], r["image"]) for r in rows] == [(backend, 32), (backend, 48)]
+    for row in rows:
+        assert row["static_img_s"] > 0 and row["dynamic_img_s"] > 0
+        assert row["ratio"] == round(row["dynamic_img_s"] / row["static_img_s"], 3)
+    assert dynamic_size.markdown(rows).count("\n") == 3

@@ -740,7 +740,6 @@ def _live_run():
     finetune.main(["--smoke", f"--run_dir={run_dir}", "--verbose=0", "--checkpoint_every=1"], callbacks=[Wait()])
 
 
-@pytest.mark.one_backend
 @pytest.mark.one_backend  # the run directory's OS lock: the same on every backend
 def test_a_live_run_is_never_deleted_nor_joined(tmp_path):
     """Issue 21: --overwrite while another process trains in the directory

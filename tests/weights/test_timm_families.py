@@ -98,3 +98,22 @@ def test_bicubic_antialias_is_pytorchs(new):
         torch.from_numpy(grid).permute(2, 0, 1)[None], size=new, mode="bicubic", antialias=True,
         align_corners=False)[0].permute(1, 2, 0).numpy()
     np.testing.assert_allclose(resample_grid(grid, new, "bicubic_antialias"), expected, atol=2e-6)
+
+
+@pytest.mark.parametrize("family", ["augreg", "dinov2_registers"])
+def test_a_dynamic_size_model_matches_timms_dynamic_img_size(family):
+    """`input_shape=(None, None, 3)` with timm's resampling against timm's
+    `dynamic_img_size=True` at sizes other than the stored one (issue 25)."""
+    args = {**TINY, **FAMILIES[family]}
+    reference = _timm_model({**args, "dynamic_img_size": True})
+    state = {key: value.detach().numpy() for key, value in reference.state_dict().items()}
+    stored = args["img_size"]
+    model = keras_vit.ViT(None, **{**timm_weights.builder_kwargs(args), "input_shape": (None, None, 3)},
+                          image_size=stored, posemb_interpolation="bicubic_antialias")
+    timm_weights.load_timm_state(model, state)
+    patch = args["patch_size"]
+    for rows, cols in [(stored // patch + 2, stored // patch), (2, 3)]:
+        images = np.random.default_rng(2).uniform(-1, 1, (2, 3, rows * patch, cols * patch)).astype("float32")
+        with torch.no_grad():
+            expected = reference(torch.from_numpy(images)).numpy()
+        assert_close_rel(model.predict_on_batch(images.transpose(0, 2, 3, 1)), expected, 1e-4, f"{family} {rows}x{cols}")
