@@ -58,7 +58,7 @@ def test_every_size_gives_the_static_models_logits_eager_and_compiled(kind):
     model = dynamic_model(kind)
     for size in KINDS[kind][2]:
         x = images(size)
-        expected = keras.ops.convert_to_numpy(static_twin(model, kind, size)(x))
+        expected = static_twin(model, kind, size).predict_on_batch(x)
         assert_close_rel(keras.ops.convert_to_numpy(model(x)), expected, 1e-5, f"{kind} eager at {size}")
         # Compiled: jax.jit (one compilation per shape), tf.function (after a
         # few sizes retraced for unknown height and width), PyTorch eager.
@@ -66,13 +66,14 @@ def test_every_size_gives_the_static_models_logits_eager_and_compiled(kind):
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.compile; jax.jit and tf.function run in the test above")
-def test_torch_compile_follows_the_size():
+def test_torch_compile_resamples_inside_the_compiled_graph():
+    # One size off the stored grid: each further size is another
+    # compilation (tens of seconds on two cores).
     model = dynamic_model("Ti/16")
     model.compile(jit_compile=True)
-    for size in [(16, 16), (12, 20)]:
-        x = images(size)
-        expected = keras.ops.convert_to_numpy(static_twin(model, "Ti/16", size)(x))
-        assert_close_rel(model.predict(x, verbose=0), expected, 1e-5, f"torch.compile at {size}")
+    x = images((12, 20))
+    expected = keras.ops.convert_to_numpy(static_twin(model, "Ti/16", (12, 20))(x))
+    assert_close_rel(model.predict(x, verbose=0), expected, 1e-5, "torch.compile at (12, 20)")
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="a TensorFlow graph of unknown height and width")

@@ -180,6 +180,7 @@ def test_accelerator_benchmark_smoke_run(tmp_path):
     assert accelerator.markdown(rows).count("\n") == 9
 
 
+@pytest.mark.one_backend  # the script's plumbing; its worker runs the same code on every backend
 def test_dynamic_size_benchmark_smoke_run():
     """`benchmarks/dynamic_size.py --smoke` on this backend: a static and a
     dynamic model at the stored size and another, with their ratio."""
