@@ -2,6 +2,8 @@
 size, the same logits as a model built at that size from the same weights
 (issue 25)."""
 
+import json
+
 import keras
 import numpy as np
 import pytest
@@ -155,7 +157,7 @@ def test_saving_export_npz_and_the_practitioner_api(tmp_path):
     assert_close_rel(keras.ops.convert_to_numpy(raw(pixels)), keras.ops.convert_to_numpy(model(images((12, 20)))), 1e-5)
 
 
-def test_attention_maps_rollout_and_feature_maps_at_any_size():
+def test_attention_maps_rollout_and_feature_maps_at_any_size(tmp_path):
     model = dynamic_model("Ti/16")
     features = keras_vit.ViT(None, input_shape=(None, None, 3), image_size=16, include_top=False, **TINY_WIDTHS,
                              **KINDS["Ti/16"][0])
@@ -172,6 +174,11 @@ def test_attention_maps_rollout_and_feature_maps_at_any_size():
         tokens = keras.ops.convert_to_numpy(features(x))
         assert maps.shape == (2, size[0] // 4, size[1] // 4, TINY_WIDTHS["hidden_size"])
         np.testing.assert_array_equal(maps.reshape(2, -1, maps.shape[-1]), tokens[:, 1:])
+    # The paper's figures at the images' grid; the embeddings' own grid apart.
+    written = keras_vit.inspect.write_figures(model, images((12, 20)), tmp_path, rollout_images=1)
+    with open(written["summary"]) as f:
+        summary = json.load(f)
+    assert (summary["image_size"], summary["grid"], summary["posemb_grid"]) == ([12, 20], [3, 5], [4, 4])
 
 
 @pytest.mark.main_env  # ONNX: onnxruntime and tf2onnx are the main environment's

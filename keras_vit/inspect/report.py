@@ -140,8 +140,11 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
 
     summary = {
         "model": model.name,
-        "image_size": list(geo.image_size),
-        "grid": list(geo.grid),
+        # The images' own (a dynamic-size model takes any size); the
+        # position embeddings' stored grid is `posemb_grid`.
+        "image_size": list(images.shape[1:3]),
+        "grid": list(geo.grid_of(*images.shape[1:3])),
+        "posemb_grid": list(geo.grid),
         "patch_size_pixels": list(geo.patch_size),
         "num_prefix_tokens": geo.num_prefix_tokens,
         "hybrid": geo.hybrid,
