@@ -22,9 +22,7 @@ running maximum. The helpers are `benchmarks/bench.py`'s.
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -239,29 +237,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return run_worker(args)
-    rows = []
-    for backend in args.backends.split(","):
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-        # Rows are echoed and saved as they come: a run cut short by a time
-        # limit (a lent accelerator) keeps what it measured.
-        worker = subprocess.Popen([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--worker"],
-                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for line in worker.stdout:
-            if line.startswith("{"):
-                rows.append(json.loads(line))
-                print(line, end="", flush=True)
-                save(rows, args.json)
-        if worker.wait():
-            sys.stderr.write(worker.stderr.read()[-3000:])
-            raise SystemExit(f"the {backend} worker failed")
+    rows = bench.run_backends(__file__, argv or sys.argv[1:], args.backends.split(","), args.json)
     print(markdown(rows))
     return rows
-
-
-def save(rows, path):
-    if path:
-        with open(path, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 SIZES = {
@@ -300,28 +301,40 @@ def parse_args(argv=None):
     return args
 
 
+def run_backends(script, argv, backends, json_path=None):
+    """Runs `script ... --worker` once per backend (`KERAS_BACKEND` is fixed
+    at import) and returns the JSON rows the workers print. Rows are echoed
+    and saved to `json_path` as they come, so that a run cut short (a lent
+    accelerator's time limit) keeps what it measured."""
+    rows = []
+    for backend in backends:
+        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
+        # stderr to a file: a pipe nobody reads stalls a worker that logs much.
+        with tempfile.TemporaryFile("w+") as errors:
+            worker = subprocess.Popen([sys.executable, os.path.abspath(script), *argv, "--worker"], env=env,
+                                      stdout=subprocess.PIPE, stderr=errors, text=True)
+            for line in worker.stdout:
+                if line.startswith("{"):
+                    rows.append(json.loads(line))
+                    print(line, end="", flush=True)
+                    if json_path:
+                        with open(json_path, "w") as f:
+                            json.dump(rows, f, indent=1)
+            if worker.wait():
+                errors.seek(0)
+                sys.stderr.write(errors.read()[-3000:])
+                raise SystemExit(f"the {backend} worker failed")
+    return rows
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         run_worker(args)
         return
-    rows = []
-    worker_argv = [a for a in (argv or sys.argv[1:])] + ["--worker"]
-    for backend in args.backends.split(","):
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-        result = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), *worker_argv],
-            env=env, capture_output=True, text=True,
-        )
-        if result.returncode:
-            sys.stderr.write(result.stderr[-3000:])
-            raise SystemExit(f"the {backend} worker failed")
-        rows += [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    rows = run_backends(__file__, argv or sys.argv[1:], args.backends.split(","), args.json)
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,7 @@ ratio dynamic / static of images per second.
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 
 import bench
@@ -90,19 +88,8 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         return run_worker(args)
-    rows = []
-    for backend in args.backends.split(","):
-        env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-        result = subprocess.run([sys.executable, os.path.abspath(__file__), *(argv or sys.argv[1:]), "--worker"],
-                                env=env, capture_output=True, text=True)
-        if result.returncode:
-            sys.stderr.write(result.stderr[-3000:])
-            raise SystemExit(f"the {backend} worker failed")
-        rows += [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    rows = bench.run_backends(__file__, argv or sys.argv[1:], args.backends.split(","), args.json)
     print(markdown(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
     return rows
 
 
