@@ -10,8 +10,8 @@ import pytest
 
 import keras_vit
 import keras_vit.inspect
-from keras_vit.layers.position_embedding import resample_position_embedding
-from tests.helpers import TINY_WIDTHS, assert_close_rel, randomize_weights
+from keras_vit.layers.position_embedding import interpolation_matrix, resample_position_embedding
+from tests.helpers import TINY_WIDTHS, assert_close_rel, gradients, randomize_weights
 
 BACKEND = keras.backend.backend()
 
@@ -65,6 +65,25 @@ def test_every_size_gives_the_static_models_logits_eager_and_compiled(kind):
         # Compiled: jax.jit (one compilation per shape), tf.function (after a
         # few sizes retraced for unknown height and width), PyTorch eager.
         assert_close_rel(model.predict_on_batch(x), expected, 1e-5, f"{kind} compiled at {size}")
+
+
+def test_training_gradients_flow_back_through_the_resampling():
+    """At a size off the stored grid, every gradient equals the static
+    twin's, and the stored embedding's is the twin's pulled back through the
+    (linear) resampling: R^T dL/dP C for P = R G C^T."""
+    model = dynamic_model("Ti/16")
+    size, prefix = (12, 20), 1
+    twin = static_twin(model, "Ti/16", size)
+    x = images(size)
+    stored, target = keras_vit.models.anatomy(model).grid, keras_vit.models.anatomy(twin).grid
+    for variable, got, want in zip(model.trainable_variables, gradients(model, x), gradients(twin, x)):
+        if variable.path.endswith("key/bias"):
+            continue  # Zero in exact arithmetic (a shift of every key's logit), rounding noise here.
+        if variable is model.get_layer("posembed_input").pos_embedding:
+            rows, cols = (interpolation_matrix(s, t, "linear") for s, t in zip(stored, target))
+            grid = np.einsum("ri,rcd,cj->ijd", rows, want[0, prefix:].reshape(*target, -1), cols)
+            want = np.concatenate([want[:, :prefix], grid.reshape(1, -1, grid.shape[-1])], axis=1)
+        assert_close_rel(got, want, 1e-4, f"gradient of {variable.path}")
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.compile; jax.jit and tf.function run in the test above")
