@@ -176,7 +176,7 @@ def test_saving_export_npz_and_the_practitioner_api(tmp_path):
     assert_close_rel(keras.ops.convert_to_numpy(raw(pixels)), keras.ops.convert_to_numpy(model(images((12, 20)))), 1e-5)
 
 
-def test_attention_maps_rollout_and_feature_maps_at_any_size(tmp_path):
+def test_attention_maps_rollout_and_feature_maps_at_any_size():
     model = dynamic_model("Ti/16")
     features = keras_vit.ViT(None, input_shape=(None, None, 3), image_size=16, include_top=False, **TINY_WIDTHS,
                              **KINDS["Ti/16"][0])
@@ -193,6 +193,11 @@ def test_attention_maps_rollout_and_feature_maps_at_any_size(tmp_path):
         tokens = keras.ops.convert_to_numpy(features(x))
         assert maps.shape == (2, size[0] // 4, size[1] // 4, TINY_WIDTHS["hidden_size"])
         np.testing.assert_array_equal(maps.reshape(2, -1, maps.shape[-1]), tokens[:, 1:])
+
+
+def test_the_inspection_report_at_the_images_grid(tmp_path):
+    pytest.importorskip("matplotlib")  # not in the lowest environment
+    model = dynamic_model("Ti/16")
     # The paper's figures at the images' grid; the embeddings' own grid apart.
     written = keras_vit.inspect.write_figures(model, images((12, 20)), tmp_path, rollout_images=1)
     with open(written["summary"]) as f:
