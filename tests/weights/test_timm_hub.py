@@ -321,3 +321,20 @@ def test_a_full_size_checkpoint_gives_timms_logits(tmp_path):
     logits, _ = reference(model, x)
     ours = keras_vit.from_timm(name, cache_dir=tmp_path, local_files_only=True)
     assert_close_rel(ours.predict(x, verbose=0), logits, tol=1e-4)
+
+
+def test_from_timm_builds_a_dynamic_size_model_storing_the_checkpoints_embeddings(tmp_path):
+    """`from_timm(..., input_shape=(None, None, 3))`: the embeddings stay at
+    the checkpoint's grid and are resampled as timm does (antialiased
+    bicubic), giving the static `from_timm` model's logits at another size
+    (issue 25)."""
+    from tests.helpers import TINY_WIDTHS, randomize_weights
+
+    source = randomize_weights(keras_vit.ViT(None, input_shape=(32, 32, 3), patch_size=8, num_classes=5, **TINY_WIDTHS))
+    keras_vit.export_timm(source, str(tmp_path))
+    dynamic = keras_vit.from_timm(str(tmp_path), input_shape=(None, None, 3))
+    posemb = dynamic.get_layer("posembed_input")
+    assert (posemb.grid, posemb.interpolation) == ((4, 4), "bicubic_antialias")
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 48, 40, 3)).astype("float32")
+    static = keras_vit.from_timm(str(tmp_path), input_shape=(48, 40, 3))
+    assert_close_rel(keras.ops.convert_to_numpy(dynamic(images)), keras.ops.convert_to_numpy(static(images)), 1e-5)
