@@ -5,6 +5,7 @@ import keras
 from keras import ops
 
 from keras_vit.anatomy import anatomy
+from keras_vit.layers.utils import patch_grid
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -31,8 +32,7 @@ class PatchGrid(keras.layers.Layer):
         self.stride = tuple(int(s) for s in stride)
 
     def call(self, tokens, images):
-        rows = ops.shape(images)[1] // self.stride[0]
-        cols = ops.shape(images)[2] // self.stride[1]
+        rows, cols = patch_grid(images, self.stride)
         width = tokens.shape[-1] if tokens.shape[-1] is not None else ops.shape(tokens)[-1]
         return ops.reshape(tokens[:, self.num_prefix_tokens:], (-1, rows, cols, width))
 

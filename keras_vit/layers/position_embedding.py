@@ -6,6 +6,8 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.layers.utils import patch_grid
+
 # "linear": the original's; "bicubic": PyTorch's bicubic; "bicubic_antialias":
 # PyTorch's with `antialias=True`, what timm resamples checkpoints with.
 INTERPOLATIONS = ("linear", "bicubic", "bicubic_antialias")
@@ -98,8 +100,7 @@ class AddPositionEmbedding(keras.layers.Layer):
                 f"The dynamic position embedding {self.name!r} reads the patch grid from the images: "
                 "call it as `layer(tokens, images)`. Received: images=None"
             )
-        shape = ops.shape(images)
-        return shape[1] // self.stride[0], shape[2] // self.stride[1]
+        return patch_grid(images, self.stride)
 
     def _resampled(self, posemb, rows, cols):
         static = isinstance(rows, int) and isinstance(cols, int)

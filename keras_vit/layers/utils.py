@@ -1,4 +1,14 @@
-"""Small argument helpers shared by the layers and model builders."""
+"""Small helpers shared by the layers and model builders."""
+
+from keras import ops
+
+
+def patch_grid(images, stride):
+    """`(rows, cols)` of the patches of `(B, H, W, C)` images whose tokens
+    cover `stride` pixels: ints where the size is known when the layer runs,
+    tensors in a TensorFlow graph of unknown size."""
+    shape = ops.shape(images)
+    return shape[1] // stride[0], shape[2] // stride[1]
 
 
 def normalize_pair(value, name):
