@@ -34,7 +34,7 @@ from keras_vit.layers.position_embedding import resample_grid, resample_position
 from keras_vit.weights import cache, read_npz, registry
 from keras_vit.weights.h5 import _datasets as _h5_datasets
 from keras_vit.weights.npz import GRID_KEY, POSEMB_KEY, checkpoint_variables, prepare_npz
-from tests.helpers import ROOT, randomize_weights
+from tests.helpers import ROOT, assert_close_rel, randomize_weights
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 TINY = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=2, patch_size=8)
@@ -771,6 +771,22 @@ def test_a_registered_checkpoint_serves_another_patch_size(bucket, tmp_path):
     model = keras_vit.get_model("ViT-Ti_16", patch_size=8, input_shape=(32, 32, 3), weights="augreg")
     assert model.get_layer("embedding").kernel.shape == (8, 8, 3, 192)
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, 17, 192)
+
+
+def test_a_registered_checkpoint_loads_into_a_dynamic_size_model(bucket, tmp_path):
+    """Issue 25: `ViTTi16(input_shape=(None, None, 3), image_size=32,
+    weights="augreg")` keeps the checkpoint's embeddings as stored (the
+    registry resolves the resolution from `image_size`), and at another size
+    equals the model built for it."""
+    source = randomize_weights(keras_vit.ViTTi16(input_shape=(32, 32, 3)))
+    upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
+    bucket.files[f"augreg/{upstream}.npz"] = npz_bytes(tmp_path, source)
+    model = keras_vit.ViTTi16(input_shape=(None, None, 3), image_size=32, weights="augreg")
+    for a, b in zip(weights_of(source), weights_of(model)):
+        np.testing.assert_array_equal(a, b)
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 48, 32, 3)).astype("float32")
+    static = keras_vit.ViTTi16(input_shape=(48, 32, 3), weights="augreg")
+    assert_close_rel(keras.ops.convert_to_numpy(model(images)), keras.ops.convert_to_numpy(static(images)), 1e-5)
 
 
 def test_failed_download_is_a_clear_error(bucket):
