@@ -92,7 +92,6 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
     import keras
 
     from keras_vit import training
-    from recipes import reporting
 
     finished = read_json(os.path.join(run_dir, "result.json"))
     if finished is not None:
@@ -147,10 +146,10 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
             raise RecipeError(str(error)) from None
         if backup.resumed_from:
             print(f"Resumed from update {backup.resumed_from['step']} of {total}", flush=True)
-        timer = reporting.ThroughputTimer()
-        progress = reporting.Progress(total, log_every, accum, config.verbose, data.eval_label)
+        timer = training.ThroughputTimer()
+        progress = training.UpdateProgress(total, log_every, accum, config.verbose, data.eval_label)
         fit_callbacks = [backup, keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
-                         *reporting.tensorboard(os.path.join(run_dir, "logs")), timer, progress, *callbacks]
+                         *tensorboard(os.path.join(run_dir, "logs")), timer, progress, *callbacks]
         validation = {}
         if data.eval is not None and config.eval_every:
             validation = dict(validation_data=data.eval(config.eval_batch_size),
@@ -317,6 +316,25 @@ def save_model(model, run_dir):
 # ---------------------------------------------------------------------------
 # What a run prints and records.
 # ---------------------------------------------------------------------------
+
+
+def tensorboard(log_dir):
+    """`[keras.callbacks.TensorBoard]`, or `[]` (said once per process)
+    without the `tensorboard` package: history.csv has the same numbers."""
+    import importlib.util
+
+    import keras
+
+    if importlib.util.find_spec("tensorboard") is not None:
+        return [keras.callbacks.TensorBoard(log_dir, write_graph=False)]
+    if not _NO_TENSORBOARD_SAID:
+        _NO_TENSORBOARD_SAID.append(True)
+        print("Note: `tensorboard` is not installed, so no TensorBoard logs are written (history.csv has the "
+              "same numbers). `pip install tensorboard` to get them.")
+    return []
+
+
+_NO_TENSORBOARD_SAID = []
 
 
 def read_history(path):

@@ -43,7 +43,7 @@ PY312_BACKENDS="jax tensorflow"
 # size, and the tiny configs run the same code at the floor.
 LOWEST_TESTS="tests/models/test_models.py tests/test_anatomy.py tests/layers/test_layers.py tests/weights/test_weights.py
   tests/models/test_hybrid.py tests/data/test_data.py tests/data/test_vtab_tasks.py tests/test_big_models.py
-  tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py tests/test_features.py tests/test_dynamic_size.py"
+  tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py tests/training/test_progress.py tests/test_features.py tests/test_dynamic_size.py"
 # Python 3.12: the library's and the recipes' tests (not the benchmarks',
 # which compare with timm, nor the notebook's, which needs Jupyter).
 PY312_TESTS="tests --ignore=tests/benchmarks --ignore=tests/test_notebook.py"
@@ -117,10 +117,13 @@ run_one() {  # run_one "name|venv|backend|markers|tests" [pytest args...]
   IFS='|' read -r name venv backend markers tests <<< "$1"; shift
   # The checkout itself is imported (PYTHONPATH), not installed, so that
   # the lowest and py312 environments hold nothing but their pins. Each run
-  # shares JAX compilations with its own subprocesses.
+  # shares JAX compilations with its own subprocesses; JAX's and
+  # torch.compile's (inductor's C++ kernels) are kept in the environment
+  # for the next run of the suite (the temporary directory is removed).
   # shellcheck disable=SC2086
   mkdir -p "$scratch/$name"
   TMPDIR="$scratch/$name" KERAS_BACKEND="$backend" PYTHONPATH="$PWD" JAX_COMPILATION_CACHE_DIR="$PWD/$venv/jax_cache" \
+    TORCHINDUCTOR_CACHE_DIR="$PWD/$venv/inductor_cache" \
     "$venv/bin/python" -m pytest -q -p no:cacheprovider --large --durations=10 \
     ${markers:+-m "$markers"} $tests "$@"
 }

@@ -1,3 +1,5 @@
+import gc
+
 import keras
 import pytest
 
@@ -21,6 +23,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "large" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_collection_finish(session):
+    # What is alive now (the frameworks' modules, the test modules) lives to
+    # the end: kept out of the cyclic collector's full passes, which the
+    # models of a long run (a million objects) otherwise make ever longer.
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
 """Training the paper's way with `model.fit`: schedules, optimizers, losses,
-metrics for padded evaluation batches, fault-tolerant checkpoints. See `docs/training.md`."""
+metrics for padded evaluation batches, fault-tolerant checkpoints, progress in
+optimizer updates. See `docs/training.md`."""
 
 from keras_vit.training.callbacks import BackupAndResume
 from keras_vit.training.callbacks import CheckpointWriteError
@@ -16,6 +17,7 @@ from keras_vit.training.optimizers import (
     kernel_variables,
     pretraining_optimizer,
 )
+from keras_vit.training.progress import ThroughputTimer, UpdateProgress
 from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "SIGMOID_HEAD_BIAS_INIT",
     "SigmoidCrossEntropy",
     "SoftmaxCrossEntropy",
+    "ThroughputTimer",
+    "UpdateProgress",
     "WarmupDecay",
     "finetuning_optimizer",
     "kernel_variables",
