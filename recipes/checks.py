@@ -61,8 +61,6 @@ def _choices():
 
 def check(config):
     """Every check of a training config that needs no data."""
-    from recipes import inputs
-
     fill_library_defaults(config)
     check_fields(config)
     check_model(config)
@@ -102,7 +100,13 @@ def check(config):
         if unknown or not config.lora_targets:
             raise RecipeError(f"--lora_targets must be names from {list(TARGETS)}. "
                               f"Received: --lora_targets={','.join(config.lora_targets)}")
-    inputs.augmentation_layers(config.batch_augmentation)  # a bad name fails before any data is read
+    if config.batch_augmentation:  # a bad name fails before any data is read
+        from keras_vit import data
+
+        try:
+            data.augmentation_layers(config.batch_augmentation)
+        except ValueError as error:
+            raise RecipeError(f"--batch_augmentation={config.batch_augmentation}: {error}") from None
 
 
 def check_fields(config):

@@ -8,7 +8,6 @@ evaluation batches are padded to full weighted batches (`pad_to_batch`).
 
 import collections
 import contextlib
-import json
 import os
 
 from recipes import checks
@@ -115,7 +114,7 @@ def load_data(config, run_dir):
     else:
         pipeline = data.finetune_pipeline
         augment = dict(augmentation=config.augmentation, flip=config.flip,
-                       batch_augmentation=augmentation_layers(config.batch_augmentation))
+                       batch_augmentation=config.batch_augmentation)
 
     def train_batches(batch_size):
         try:
@@ -136,46 +135,6 @@ def load_data(config, run_dir):
                 (size, size, 3), train_source.num_examples, "  data: " + ", ".join(parts),
                 dict(num_classes=train_source.num_classes, train_split=config.train_split, eval_split=test_split,
                      train_examples=train_source.num_examples), repr(test_split))
-
-
-def augmentation_layers(text):
-    """`--batch_augmentation` as a list of Keras layers, or None (off):
-    comma-separated `keras.layers` class names built with their defaults
-    (`RandAugment,MixUp`), or a JSON list of serialized layers (`{"class_name":
-    ..., "config": {...}}`; with a `"module"`, e.g. a registered custom layer,
-    deserialized as Keras does)."""
-    if text is None:
-        return None
-    import keras
-
-    flag = f"--batch_augmentation={text}"
-    if text.lstrip().startswith("["):
-        try:
-            specs = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise RecipeError(f"{flag}: not a JSON list ({error})") from None
-    else:
-        specs = [{"class_name": name.strip()} for name in text.split(",") if name.strip()]
-    layers = []
-    for spec in specs:
-        if not (isinstance(spec, dict) and "class_name" in spec):
-            raise RecipeError(f'{flag}: each entry must be {{"class_name": ..., "config": {{...}}}}. '
-                              f"Received: {json.dumps(spec)}")
-        try:
-            if "module" in spec:
-                layers.append(keras.saving.deserialize_keras_object(spec))
-                continue
-            cls = getattr(keras.layers, spec["class_name"], None) if isinstance(spec["class_name"], str) else None
-            if not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
-                raise RecipeError(f"{flag}: unknown Keras layer {spec['class_name']!r} (a class of keras.layers, "
-                                  "e.g. RandAugment, MixUp, CutMix)")
-            # float32 pixels whatever --dtype_policy says (the pipeline requires it).
-            layers.append(cls.from_config({"dtype": "float32", **(spec.get("config") or {})}))
-        except (TypeError, ValueError) as error:
-            if isinstance(error, RecipeError):
-                raise
-            raise RecipeError(f"{flag}: {error}") from None
-    return layers or None
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from keras_vit.data import ops
 from keras_vit.data import padding
 from keras_vit.data import sources
 from keras_vit.data import vtab
+from keras_vit.data.pipelines import augmentation_layers
 from keras_vit.data.pipelines import finetune_pipeline
 from keras_vit.data.pipelines import pretrain_pipeline
 from keras_vit.data.sources import DataSource

@@ -22,6 +22,8 @@ Sources are in `keras_vit.data.sources`, RandAugment and mixup in
 `keras_vit.data.augment`.
 """
 
+import json
+
 import tensorflow as tf
 
 from keras_vit.data import _checks
@@ -300,7 +302,8 @@ def finetune_pipeline(
             the augmentation's draws; None: TensorFlow's global seed
             (`keras.utils.set_random_seed`) decides.
         batch_augmentation: optional Keras preprocessing layer or list of
-            them (`keras.layers.RandAugment`, `MixUp`, `CutMix`, ...),
+            them (`keras.layers.RandAugment`, `MixUp`, `CutMix`, ...), or
+            their text (`augmentation_layers`: `"RandAugment,MixUp"`),
             applied in order to the training batches after the crop/flip
             and before the normalisation: they see float32 pixels in
             [0, 255], Keras' default `value_range`. Layers that transform
@@ -386,10 +389,61 @@ def finetune_pipeline(
         ) from error
 
 
+def augmentation_layers(text):
+    """Keras preprocessing layers from their text, as a config or a command
+    line gives them (the recipes' `--batch_augmentation`).
+
+    Args:
+        text: comma-separated `keras.layers` class names, each built with
+            its defaults (`"RandAugment,MixUp"`), or a JSON list of
+            layers with their constructor arguments (`'[{"class_name":
+            "MixUp", "config": {"alpha": 0.5}}]'`; an entry with a
+            `"module"`, e.g. a registered custom layer, is a serialized
+            layer, deserialized as Keras does).
+
+    Returns:
+        A list of layers, computing in float32 whatever the dtype policy
+        (the pipelines' pixels are float32).
+
+    Raises:
+        ValueError: naming `batch_augmentation` and the text, for a JSON
+            error, an unknown class or a bad config.
+    """
+    import keras
+
+    def fail(problem):
+        raise ValueError(f"`batch_augmentation` {problem}. Received: batch_augmentation={text!r}")
+
+    if text.lstrip().startswith("["):
+        try:
+            specs = json.loads(text)
+        except json.JSONDecodeError as error:
+            fail(f"is not a JSON list ({error})")
+    else:
+        specs = [{"class_name": name.strip()} for name in text.split(",") if name.strip()]
+    if not isinstance(specs, list) or not specs:
+        fail("names no layer")
+    layers = []
+    for spec in specs:
+        if not (isinstance(spec, dict) and isinstance(spec.get("class_name"), str)):
+            fail(f'entries must be {{"class_name": ..., "config": {{...}}}}, not {json.dumps(spec)}')
+        name, cls = spec["class_name"], getattr(keras.layers, spec["class_name"], None)
+        if "module" not in spec and not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
+            fail(f"names an unknown Keras layer {name!r} (a class of keras.layers, e.g. RandAugment, MixUp, CutMix)")
+        try:
+            layers.append(keras.saving.deserialize_keras_object(spec) if "module" in spec else
+                          cls(**{"dtype": "float32", **(spec.get("config") or {})}))
+        except (TypeError, ValueError) as error:
+            fail(f"cannot build {name!r} ({error})")
+    return layers
+
+
 def _augmentation_layers(batch_augmentation):
     """`batch_augmentation` as a tuple of callables (empty for None)."""
     if batch_augmentation is None:
         return ()
+    if isinstance(batch_augmentation, str):
+        batch_augmentation = augmentation_layers(batch_augmentation)
     layers = (
         tuple(batch_augmentation) if isinstance(batch_augmentation, (list, tuple)) else (batch_augmentation,)
     )

@@ -555,6 +555,35 @@ def test_batch_augmentation_calls_augment_labels_layers_with_the_labels(folder):
     np.testing.assert_array_equal(labels, plain_labels[:, ::-1])  # The one-hot labels went in and back.
 
 
+def test_batch_augmentation_as_text(folder):
+    """`augmentation_layers`: the text a config gives (class names, or a
+    JSON list of serialized layers) as float32 layers; the pipeline takes
+    the text too, with the same batches as the layers built by hand."""
+    layers = keras_vit.data.augmentation_layers(
+        '[{"class_name": "RandAugment", "config": {"num_ops": 3}}, {"class_name": "MixUp", "config": {"alpha": 0.5}}]')
+    assert [type(layer).__name__ for layer in layers] == ["RandAugment", "MixUp"]
+    assert layers[0].num_ops == 3 and layers[1].alpha == 0.5
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        named = keras_vit.data.augmentation_layers(" RandomFlip , MixUp")
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert [(type(layer).__name__, layer.compute_dtype) for layer in named] == [
+        ("RandomFlip", "float32"), ("MixUp", "float32")]
+    source = keras_vit.data.from_directory(folder[0])
+    spec = '[{"class_name": "Rescaling", "config": {"scale": 0.5}}]'
+    by_text = _augmented(source, spec, n=2)
+    by_hand = _augmented(source, keras.layers.Rescaling(0.5), n=2)
+    np.testing.assert_array_equal(by_text[0], by_hand[0])
+    assert np.abs(by_text[0] - _augmented(source, None, n=2)[0]).max() > 0.1
+    for text, match in [("RandAugment,Mixup", "unknown Keras layer 'Mixup'.*Received: batch_augmentation='RandAugment,Mixup'"),
+                        ("[{", "is not a JSON list"), (" , ", "names no layer"),
+                        ('[{"name": "MixUp"}]', 'entries must be {"class_name"'),
+                        ('[{"class_name": "MixUp", "config": {"alpha": "x", "beta": 1}}]', "cannot build 'MixUp'")]:
+        with pytest.raises(ValueError, match=match):
+            keras_vit.data.augmentation_layers(text)
+
+
 def test_batch_augmentation_errors_name_the_layer(folder):
     source = keras_vit.data.from_directory(folder[0])
     with pytest.raises(ValueError, match=r"Received: batch_augmentation=\['RandAugment'\]"):
