@@ -167,22 +167,13 @@ def run(config, config_name=None, smoke=False, callbacks=()):
 # ---------------------------------------------------------------------------
 
 
-def _cell(mean, n, size):
-    return "–" if mean is None else f"{mean:.1f}" if n == size else f"{mean:.1f}*"
-
-
 def report_markdown(rows, model_label, config):
-    """Our row and the paper's in the layout of Table 9 (a column per task,
-    the group means, the mean), then a per-task table with the settings."""
+    """Our row and the paper's in the layout of Table 9
+    (`keras_vit.data.vtab.table9_rows`), then a per-task table with the
+    settings."""
     from keras_vit.data import vtab
 
     ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
-
-    def line(label, values):
-        means = vtab.group_means(values)
-        cells = [f"{values[t.key]:.1f}" if values.get(t.key) is not None else "–" for t in vtab.TASKS]
-        return f"| {label} | " + " | ".join(cells + [_cell(*means[g]) for g in (*vtab.GROUPS, "mean")]) + " |"
-
     protocol = ("AugReg sweep (lr x steps on train800 -> val200, the best retrained on train800val200)"
                 if config.sweep else
                 f"the ViT paper's (train800val200, lr {config.learning_rate:g}, {config.total_steps} steps)")
@@ -190,9 +181,7 @@ def report_markdown(rows, model_label, config):
     lines = [
         f"# VTAB-1k: {model_label}", "",
         f"Protocol: {protocol}, {config.image_size} px, batch {config.batch_size}; test accuracy in %.", "",
-        "| Model | " + " | ".join(t.name for t in vtab.TASKS) + " | Natural | Specialized | Structured | Mean |",
-        "|---" * (len(vtab.TASKS) + 5) + "|", line(model_label, ours),
-        *(line(f"{m}, paper", {t.key: t.paper[m] for t in vtab.TASKS}) for m in vtab.PAPER_MODELS), "",
+        *vtab.table9_rows(ours, model_label), "",
         "Group means average the tasks of the group, Mean the 19 tasks (as the paper's Table 9). * marks a mean "
         "over the tasks finished so far" + (f" (missing: {', '.join(missing)})." if missing else "."), "",
         "| Task | Group | Accuracy | Paper | lr | Steps | Val. accuracy | Wall time (s) | Status |",
@@ -213,40 +202,6 @@ def report_markdown(rows, model_label, config):
     return "\n".join(lines) + "\n"
 
 
-def bar_chart(rows, path, model_label, paper_model):
-    """Per-task accuracy beside the paper's, coloured by group (PNG), drawn
-    on a bare `matplotlib.figure.Figure`: no pyplot state, no display."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
-
-    from keras_vit.data import vtab
-
-    ours = {r["task"]: r["accuracy"] for r in rows if r["status"] == "done"}
-    colours = {"natural": "#4c72b0", "specialized": "#dd8452", "structured": "#55a868"}
-    means, paper_means = vtab.group_means(ours), vtab.group_means(vtab.paper_results(paper_model))
-    summaries = (*vtab.GROUPS, "mean")
-    labels = [t.name for t in vtab.TASKS] + ["Natural", "Specialized", "Structured", "Mean"]
-    mine = [ours.get(t.key) or 0.0 for t in vtab.TASKS] + [means[g][0] or 0.0 for g in summaries]
-    theirs = [t.paper[paper_model] for t in vtab.TASKS] + [paper_means[g][0] for g in summaries]
-    edge = [colours.get(g, "#444444") for g in [t.group for t in vtab.TASKS] + list(summaries)]
-    x = range(len(labels))
-    fig = Figure(figsize=(14, 4.8))
-    ax = fig.subplots()
-    ax.bar([i - 0.2 for i in x], mine, 0.4, color=edge)
-    ax.bar([i + 0.2 for i in x], theirs, 0.4, color="none", edgecolor=edge, hatch="//")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, rotation=60, ha="right")
-    ax.set(ylabel="Top-1 accuracy (%)", ylim=(0, 100))
-    ax.set_title("VTAB-1k", loc="left")
-    handles = [Patch(facecolor="#777777", label=model_label),
-               Patch(facecolor="none", edgecolor="#777777", hatch="//", label=f"{paper_model}, paper")]
-    handles += [Patch(facecolor=c, label=g) for g, c in colours.items()]
-    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
-
-
 def write_report(run_dir, config, model_label):
     """Every task result in `run_dir` (earlier invocations' too) as
     results.csv/json, report.md and report.png."""
@@ -262,7 +217,8 @@ def write_report(run_dir, config, model_label):
     markdown = report_markdown(rows, model_label, config)
     with open(os.path.join(run_dir, "report.md"), "w") as f:
         f.write(markdown)
-    bar_chart(rows, os.path.join(run_dir, "report.png"), model_label, config.paper_model)
+    vtab.bar_chart({r["task"]: r["accuracy"] for r in rows if r["status"] == "done"},
+                   os.path.join(run_dir, "report.png"), model_label, config.paper_model)
     return rows, markdown
 
 

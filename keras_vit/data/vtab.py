@@ -564,3 +564,59 @@ def group_means(accuracies):
         values = [by_key[t.key] for t in tasks if t.key in by_key]
         means[group] = (sum(values) / len(values) if values else None, len(values), len(tasks))
     return means
+
+
+def table9_rows(accuracies, label):
+    """Markdown lines in the layout of the paper's Table 9: the header, our
+    row (`accuracies`, `{task key or name: accuracy %}`, under `label`) and
+    the paper's rows (`PAPER_MODELS`). A missing task is "–"; a group mean
+    over part of its tasks is marked "*"."""
+    ours = {get_task(name).key: value for name, value in accuracies.items() if value is not None}
+
+    def row(name, values):
+        cells = [f"{values[t.key]:.1f}" if t.key in values else "–" for t in TASKS]
+        for mean, present, size in group_means(values).values():
+            cells.append("–" if mean is None else f"{mean:.1f}" + ("" if present == size else "*"))
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    return [
+        "| Model | " + " | ".join(t.name for t in TASKS) + " | Natural | Specialized | Structured | Mean |",
+        "|---" * (len(TASKS) + 5) + "|", row(label, ours),
+        *(row(f"{model}, paper", {t.key: t.paper[model] for t in TASKS}) for model in PAPER_MODELS),
+    ]
+
+
+def bar_chart(accuracies, path, label, paper_model=PAPER_MODELS[-1]):
+    """Writes `accuracies` (`{task key or name: accuracy %}`) per task and
+    per group beside `paper_model`'s, coloured by group, as an image at
+    `path` (any format matplotlib writes), drawn on a bare
+    `matplotlib.figure.Figure` (no pyplot state, no display). Returns
+    `path`."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    _checks.one_of(paper_model, "paper_model", PAPER_MODELS)
+    ours = {get_task(name).key: value for name, value in accuracies.items() if value is not None}
+    colours = {"natural": "#4c72b0", "specialized": "#dd8452", "structured": "#55a868"}
+    means, paper_means = group_means(ours), group_means(paper_results(paper_model))
+    summaries = (*GROUPS, "mean")
+    labels = [t.name for t in TASKS] + ["Natural", "Specialized", "Structured", "Mean"]
+    mine = [ours.get(t.key, 0.0) for t in TASKS] + [means[g][0] or 0.0 for g in summaries]
+    theirs = [t.paper[paper_model] for t in TASKS] + [paper_means[g][0] for g in summaries]
+    edge = [colours.get(g, "#444444") for g in [t.group for t in TASKS] + list(summaries)]
+    x = range(len(labels))
+    fig = Figure(figsize=(14, 4.8))
+    ax = fig.subplots()
+    ax.bar([i - 0.2 for i in x], mine, 0.4, color=edge)
+    ax.bar([i + 0.2 for i in x], theirs, 0.4, color="none", edgecolor=edge, hatch="//")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(labels, rotation=60, ha="right")
+    ax.set(ylabel="Top-1 accuracy (%)", ylim=(0, 100))
+    ax.set_title("VTAB-1k", loc="left")
+    handles = [Patch(facecolor="#777777", label=label),
+               Patch(facecolor="none", edgecolor="#777777", hatch="//", label=f"{paper_model}, paper")]
+    handles += [Patch(facecolor=c, label=g) for g, c in colours.items()]
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path

@@ -132,6 +132,27 @@ def test_paper_numbers_and_means():
     }
 
 
+def test_table9_rows_and_bar_chart(tmp_path):
+    # Our row: every task at 50 % except Caltech101 (a key) at 80 % and
+    # SVHN (missing); one task given by its paper name.
+    ours = {t.key: 50.0 for t in vtab.TASKS if t.key not in ("caltech101", "svhn", "dtd")}
+    ours.update(caltech101=80.0, DTD=50.0, svhn=None)
+    header, rule, row, *paper = vtab.table9_rows(ours, "mine")
+    assert header.split(" | ")[1:3] == ["Caltech101", "CIFAR-100"] and rule.count("|---") == 24
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "mine" and cells[1] == "80.0" and cells[7] == "–"  # SVHN's column
+    # Natural: 6 of 7 tasks present: (80 + 5 x 50) / 6, marked partial; the
+    # full groups unmarked; the mean over the 18 tasks present.
+    assert cells[20:] == ["55.0*", "50.0", "50.0", f"{(80 + 17 * 50) / 18:.1f}*"]
+    assert [line.split(" | ")[0] for line in paper] == [f"| {m}, paper" for m in vtab.PAPER_MODELS]
+    assert paper[-1].endswith(f"| {vtab.PAPER_MEANS['ViT-L/16 (I21k)']} |")
+    pytest.importorskip("matplotlib")
+    path = vtab.bar_chart(ours, str(tmp_path / "report.png"), "mine")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="paper_model='ViT-B/16'"):
+        vtab.bar_chart(ours, str(tmp_path / "other.png"), "mine", paper_model="ViT-B/16")
+
+
 # ---------------------------------------------------------------------------
 # Label transforms on hand-built examples.
 # ---------------------------------------------------------------------------
