@@ -90,23 +90,6 @@ def read_json(path):
     return value
 
 
-def _is_own(run_dir, entries):
-    """A marked run directory, or one of a keras_vit version that wrote no
-    marker yet: its `config.json` is a recipe's record, or (the demo's) it
-    holds only recipe entries and a pre-training run."""
-    if MARKER in entries:
-        return True
-    if "pretrain" in entries and set(entries) <= RUN_ENTRIES and "config.json" not in entries:
-        return _is_own(os.path.join(run_dir, "pretrain"), os.listdir(os.path.join(run_dir, "pretrain")))
-    if "config.json" not in entries:
-        return False
-    try:
-        saved = read_json(os.path.join(run_dir, "config.json"))
-    except RecipeError:
-        return False
-    return {"recipe", "config_name", "config"} <= set(saved)
-
-
 def _live_holders(run_dir):
     """Other live processes holding a run's lock or a `BackupAndResume`
     lock anywhere in `run_dir` (sub-runs and sweeps included)."""
@@ -146,7 +129,7 @@ def claim(run_dir, overwrite=False):
             f"(a new or empty directory). Received: run_dir={run_dir!r}"
         )
     entries = sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []
-    if entries and not _is_own(run_dir, entries):
+    if entries and MARKER not in entries:
         shown = ", ".join(entries[:5]) + (f", ... ({len(entries)} entries)" if len(entries) > 5 else "")
         raise RecipeError(
             f"the run directory {run_dir} is not empty ({shown}) and is not a recipe's run "
