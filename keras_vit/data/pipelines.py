@@ -333,7 +333,7 @@ def finetune_pipeline(
     _checks.integer(resize_size, "resize_size")
     if augmentation == "resize_crop" and resize_size < image_size:
         _checks.fail("resize_size", resize_size, f"at least image_size={image_size}")
-    layers = _augmentation_layers(batch_augmentation)
+    layers = _batch_augmentation_layers(batch_augmentation)
     batch_fn = None
 
     if training:
@@ -438,7 +438,7 @@ def augmentation_layers(text):
     return layers
 
 
-def _augmentation_layers(batch_augmentation):
+def _batch_augmentation_layers(batch_augmentation):
     """`batch_augmentation` as a tuple of callables (empty for None)."""
     if batch_augmentation is None:
         return ()
