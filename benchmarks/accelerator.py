@@ -23,7 +23,6 @@ running maximum. The helpers are `benchmarks/bench.py`'s.
 import argparse
 import json
 import statistics
-import sys
 import time
 
 import bench
@@ -234,12 +233,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        return run_worker(args)
-    rows = bench.run_backends(__file__, argv or sys.argv[1:], args.backends.split(","), args.json)
-    print(markdown(rows))
-    return rows
+    return bench.worker_script_main(__file__, argv, parse_args, run_worker, markdown)
 
 
 if __name__ == "__main__":

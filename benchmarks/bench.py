@@ -327,6 +327,18 @@ def run_backends(script, argv, backends, json_path=None):
     return rows
 
 
+def worker_script_main(script, argv, parse_args, run_worker, markdown):
+    """The `main` of a script measured in one worker per backend: under
+    `--worker` the worker itself; otherwise a worker per `--backends`, whose
+    rows are printed as `markdown(rows)` and returned."""
+    args = parse_args(argv)
+    if args.worker:
+        return run_worker(args)
+    rows = run_backends(script, argv or sys.argv[1:], args.backends.split(","), args.json)
+    print(markdown(rows))
+    return rows
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
