@@ -148,6 +148,8 @@ def keras_runner(model, x, y, mode, optimizer="adamw", jit_compile="auto", on_de
     if on_device:
         x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
     if mode == "inference":
+        if jit_compile != "auto":  # predict takes compile's setting
+            model.compile(jit_compile=jit_compile)
         return lambda: keras.ops.convert_to_numpy(model.predict_on_batch(x))
     model.compile(
         optimizer=make_optimizer(optimizer, model),
@@ -157,7 +159,9 @@ def keras_runner(model, x, y, mode, optimizer="adamw", jit_compile="auto", on_de
     return lambda: model.train_on_batch(x, y)
 
 
-def timm_runner(size, image, x, y, mode, optimizer="adamw"):
+def timm_runner(size, image, x, y, mode, optimizer="adamw", compile=False):
+    """`compile`: the model through `torch.compile`, as Keras'
+    `jit_compile=True` does on the torch backend."""
     import timm
     import torch
 
@@ -172,6 +176,8 @@ def timm_runner(size, image, x, y, mode, optimizer="adamw"):
     device = "cuda" if torch.cuda.is_available() else "cpu"
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     model = model.to(device)
+    if compile:
+        model = torch.compile(model)
     xt = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(device)
     yt = torch.from_numpy(y.astype("int64")).to(device)
     if mode == "inference":
