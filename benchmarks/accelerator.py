@@ -111,9 +111,9 @@ def timm_bf16(runner):
 
 def measure(runner, repeats):
     """`(compile seconds, median step seconds)`: the first two calls against
-    two steady ones (Keras' `torch.compile` path compiles again in its
-    second call: the first changes layers' name-scope state, which a guard
-    checks)."""
+    two steady ones (Keras' `torch.compile` training step compiles again in
+    its second call: the gradients and the optimizer's state appear in the
+    first, which guards check)."""
     start = time.perf_counter()
     runner()
     runner()

@@ -6,6 +6,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.utils import SEED_STATE
+from keras_vit.layers.utils import call_symbolically
 from keras_vit.layers.utils import check_rate
 from keras_vit.layers.utils import freeze_sublayers_if_frozen
 
@@ -74,8 +75,9 @@ class MlpBlock(keras.layers.Layer):
         self.dense_0 = keras.layers.Dense(self.mlp_dim, name="Dense_0", **dense_kwargs)
         self.dense_1 = keras.layers.Dense(hidden_size, name="Dense_1", **dense_kwargs)
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy)
-        self.dense_0.build(input_shape)
-        self.dense_1.build((*input_shape[:-1], self.mlp_dim))
+        # Called on symbolic inputs rather than built: see `call_symbolically`.
+        call_symbolically(self.dense_1, call_symbolically(self.dense_0, input_shape))
+        call_symbolically(self.dropout, input_shape)
         freeze_sublayers_if_frozen(self, (self.dense_0, self.dense_1, self.dropout))
 
     def call(self, inputs, training=None):
@@ -269,10 +271,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 )
                 for i in (1, 3)  # after the attention (1) and the MLP (3)
             ]
-        self.layer_norm_0.build(input_shape)
-        self.attention.build(input_shape, input_shape)
-        self.layer_norm_2.build(input_shape)
-        self.mlp.build(input_shape)
+        # Called on symbolic inputs rather than built: see `call_symbolically`.
+        for layer in (self.layer_norm_0, self.attention, self.attention_dropout, self.layer_norm_2, self.mlp):
+            call_symbolically(layer, input_shape)
         freeze_sublayers_if_frozen(self, (
             self.layer_norm_0, self.attention, self.attention_dropout, self.layer_norm_2, self.mlp))
 

@@ -1,5 +1,6 @@
 """Small helpers shared by the layers and model builders."""
 
+import keras
 from keras import ops
 
 
@@ -58,3 +59,20 @@ def freeze_sublayers_if_frozen(layer, sublayers):
 # public accessor lists a layer's generators (remat restarts them from their
 # states, resume saves them; a private seam, docs/training.md).
 SEED_STATE = "seed_generator_state"
+
+
+def call_symbolically(layer, shape):
+    """Builds a sub-layer by calling it on a symbolic input of `shape`
+    (`keras.KerasTensor`; attention gets it as query and value); returns the
+    output's shape.
+
+    Unlike `layer.build(shape)`, a call also records the sub-layer's name
+    scope, which Keras does once, at its first call. Left to the first real
+    call, that change of state fails a guard of `torch.compile`
+    (`jit_compile=True` on PyTorch), which then compiles the model's predict
+    step a second time. No computation: these layers give their output shape.
+    """
+    inputs = keras.KerasTensor(shape)
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return layer(inputs, inputs).shape
+    return layer(inputs).shape
