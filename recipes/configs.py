@@ -93,23 +93,29 @@ class Config:
 
 
 @dataclasses.dataclass(eq=True)
-class RunFields(Config):
-    run_dir: Optional[str] = arg(
-        None, "run directory (checkpoints, logs, final model, summary); default runs/<recipe>/<config>. "
-        "The same command resumes an interrupted run")
-    overwrite: bool = arg(False, "delete the run directory of an earlier run first")
+class ExecutionFields(Config):
+    """How any run executes: the demo's too."""
+
     distribution: str = arg(
         "auto", "auto, none, tpu, mirrored, data_parallel or model_parallel (keras_vit.distribute.get_distribution)")
-    dtype_policy: str = arg("float32", "Keras dtype policy, e.g. mixed_bfloat16 on TPUs (the head and losses stay float32)")
     jit_compile: str = arg(
         "auto", "Keras jit_compile: auto (XLA on JAX/TensorFlow, eager on PyTorch), true, or false "
         "(no compilation: slower steps, no compile time)")
-    steps_per_execution: int = arg(1, "batches per compiled call (e.g. 50 on TPUs: fewer host round trips)", valid="[1, inf)")
-    seed: int = arg(0, "random seed (weights, shuffling)", valid="[0, 4294967295]")
+    seed: int = arg(0, "random seed (weights, shuffling, data splits)", valid="[0, 4294967295]")
     deterministic: bool = arg(
         False, "bit-identical reruns also with --batch_augmentation and on GPUs (TensorFlow op determinism, "
         "PyTorch deterministic algorithms; docs/recipes.md). CPU runs repeat without it")
     verbose: int = arg(1, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent", valid="[0, 2]")
+
+
+@dataclasses.dataclass(eq=True)
+class RunFields(ExecutionFields):
+    run_dir: Optional[str] = arg(
+        None, "run directory (checkpoints, logs, final model, summary); default runs/<recipe>/<config>. "
+        "The same command resumes an interrupted run")
+    overwrite: bool = arg(False, "delete the run directory of an earlier run first")
+    dtype_policy: str = arg("float32", "Keras dtype policy, e.g. mixed_bfloat16 on TPUs (the head and losses stay float32)")
+    steps_per_execution: int = arg(1, "batches per compiled call (e.g. 50 on TPUs: fewer host round trips)", valid="[1, inf)")
     log_every: int = arg(100, "optimizer updates per Keras epoch (one line of logs, CSV and TensorBoard)", valid="[1, inf)")
     checkpoint_every: int = arg(
         500, "optimizer updates between resumable checkpoints (rounded up to whole Keras epochs)", valid="[1, inf)")
@@ -236,7 +242,7 @@ class MppConfig(ModelFields, DataFields, ScheduleFields, RunFields):
 
 
 @dataclasses.dataclass(eq=True)
-class DemoConfig(Config):
+class DemoConfig(ExecutionFields):
     run_dir: str = arg("runs/demo", "where the data, both runs and their models go")
     overwrite: bool = arg(False, "delete the results of an earlier demo in run_dir first")
     pretrain_size: int = arg(16, "pre-training resolution (px)", valid="[1, inf)")
@@ -251,11 +257,6 @@ class DemoConfig(Config):
                                 "the ViT's size (patch 4: a 4x4 grid at 16 px, 8x8 at 32 px)")
     inspect: bool = arg(True, "write the inspection figures of the fine-tuned model to run_dir/inspect")
     test_fraction: float = arg(0.2, "share of the digits held out for testing (stratified)", valid="(0, 1)")
-    jit_compile: str = arg("auto", "Keras jit_compile: auto, true or false")
-    distribution: str = arg("auto", "see keras_vit.distribute.get_distribution")
-    seed: int = arg(0, "random seed (split, weights, shuffling)", valid="[0, 4294967295]")
-    deterministic: bool = arg(False, "bit-identical reruns on GPUs too (the recipes' --deterministic)")
-    verbose: int = arg(2, "1: a progress bar of updates, 2: one line per log_every updates, 0: silent", valid="[0, 2]")
 
 
 @dataclasses.dataclass(eq=True)

@@ -45,7 +45,7 @@ from recipes.configs import Recipe
 from recipes.configs import TrainConfig
 
 RECIPE = Recipe(
-    "demo", "Demo", DemoConfig, base={},
+    "demo", "Demo", DemoConfig, base=dict(verbose=2),
     # Patches of 4 as the full demo's, so that fine-tuning resamples a 4x4 grid to 8x8.
     smoke=dict(pretrain_steps=4, finetune_steps=4, model_overrides=dict(SMOKE_MODEL, patch_size=4)),
     configs={"digits": Named(
