@@ -238,3 +238,22 @@ def test_qk_norm_attention_normalises_queries_and_keys_on_both_paths():
     out, got_scores = attention(x, x, return_attention_scores=True)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(out), expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(got_scores), scores, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
+def test_torch_compile_traces_an_encoder_block_once():
+    # The block's sub-layers record their name scopes when built
+    # (`keras_vit.layers.utils.call_symbolically`). Left to the first call,
+    # that change of state failed a guard, and a model's predict step under
+    # `jit_compile=True` compiled twice (inductor built every kernel twice).
+    import torch
+    from torch._dynamo.utils import counters
+
+    tokens = keras.Input((5, 16))
+    model = keras.Model(tokens, layers.TransformerEncoderBlock(num_heads=2, mlp_dim=32)(tokens))
+    x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(2, 5, 16)).astype("float32"))
+    forward = torch.compile(lambda inputs: model(inputs, training=False), backend="eager")
+    first = keras.ops.convert_to_numpy(forward(x))
+    graphs = counters["stats"]["unique_graphs"]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(forward(x)), first)
+    assert counters["stats"]["unique_graphs"] == graphs  # the second call compiled nothing

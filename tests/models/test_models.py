@@ -254,24 +254,6 @@ def test_every_model_kind_gets_a_gradient_to_every_weight(kind):
     assert_every_weight_gets_a_gradient(model, random_images(model, seed=4))
 
 
-@pytest.mark.skipif(keras.backend.backend() != "torch", reason="torch.compile")
-def test_torch_compile_traces_the_model_once():
-    # The encoder blocks' sub-layers record their name scopes when built
-    # (`keras_vit.layers.utils.call_symbolically`). Left to the first call,
-    # that change of state failed a guard, and `jit_compile=True` compiled
-    # the predict step twice (inductor then builds every kernel twice).
-    import torch
-    from torch._dynamo.utils import counters
-
-    model = tiny_model("plain", num_layers=1)
-    x = keras.ops.convert_to_tensor(random_images(model))
-    forward = torch.compile(lambda images: model(images, training=False), backend="eager")
-    first = keras.ops.convert_to_numpy(forward(x))
-    graphs = counters["stats"]["unique_graphs"]
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(forward(x)), first)
-    assert counters["stats"]["unique_graphs"] == graphs  # the second call compiled nothing
-
-
 def test_dropout_and_drop_path_only_in_training():
     model = keras_vit.ViT(None, dropout_rate=0.3, drop_path_rate=0.3, **TINY)
     randomize_weights(model)
