@@ -156,6 +156,8 @@ def log_interval(log_every, total_steps):
 
 def check_schedule(config):
     """The step settings of one training run."""
+    from keras_vit import training
+
     total, warmup = config.total_steps, config.warmup_steps
     for name in ("total_steps", "batch_size", "accum_steps", "log_every", "checkpoint_every"):
         value = getattr(config, name)
@@ -165,8 +167,10 @@ def check_schedule(config):
         raise RecipeError(
             "--batch_size must be a multiple of --accum_steps (micro-batch = batch_size / accum_steps). "
             f"Received: --batch_size={config.batch_size}, --accum_steps={config.accum_steps}")
-    if not 0 <= warmup < total:
-        raise RecipeError(f"--warmup_steps must be in [0, total_steps={total}). Received: --warmup_steps={warmup}")
+    try:  # the schedule's own checks: a warmup shorter than the run
+        training.WarmupDecay(config.learning_rate, total, warmup, config.decay_type)
+    except ValueError as error:
+        raise RecipeError(f"--total_steps={total}, --warmup_steps={warmup}: {error}") from None
     log_every = log_interval(config.log_every, total)
     eval_every = 0 if isinstance(config, MppConfig) else config.eval_every
     if eval_every and eval_every % log_every:

@@ -920,8 +920,8 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     run = f"--run_dir={tmp_path / 'run'}"
     assert "--total_steps must be in [0, inf). Received: --total_steps=-5" in _error(
         finetune.main, ["--smoke", run, "--total_steps=-5"], capsys)
-    assert "--warmup_steps must be in [0, total_steps=4)" in _error(
-        finetune.main, ["--smoke", run, "--warmup_steps=4"], capsys)
+    assert ("--total_steps=4, --warmup_steps=4: `total_steps` must be larger than `warmup_steps`"
+            in _error(finetune.main, ["--smoke", run, "--warmup_steps=4"], capsys))
     assert "unknown VTAB task or group 'nope'" in _error(vtab.main, ["--smoke", run, "--tasks=nope"], capsys)
     assert "--model=ViT-Q_99" in _error(finetune.main, ["--smoke", run, "--model=ViT-Q_99"], capsys)
     assert "no folder" in _error(
