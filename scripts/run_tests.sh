@@ -93,9 +93,11 @@ add_run() {  # add_run ENV VENV BACKEND MARKERS TESTS...
   runs+=("$env-$backend|$venv|$backend|${markers:-}|$*")
 }
 # Longest first (on 2 cores: py312's take 7-9 minutes each, the others
-# 1.5-5), so that no long run starts last. (Starting main's torch run
-# beside both py312 runs instead measured 840 s against this order's 771 s.)
-for run in py312-jax py312-tensorflow lowest-tensorflow lowest-jax main-jax main-torch main-tensorflow lowest-torch; do
+# 1.5-5), so that no long run starts last: main's torch run (4-5 minutes)
+# takes the first free slot. Started after lowest-jax it ran alone for the
+# last minute, one core idle (763 s against 691 s; docs/testing.md); started
+# beside both py312 runs it measured 840 s.
+for run in py312-jax py312-tensorflow lowest-tensorflow main-torch lowest-jax main-jax main-tensorflow lowest-torch; do
   env="${run%%-*}" backend="${run#*-}"
   if ! has "$ENVS" "$env" || ! has "$BACKENDS" "$backend"; then continue; fi
   # shellcheck disable=SC2086
