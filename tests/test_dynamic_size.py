@@ -97,6 +97,27 @@ def test_torch_compile_resamples_inside_the_compiled_graph():
     assert_close_rel(model.predict(x, verbose=0), expected, 1e-5, "torch.compile at (12, 20)")
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile")
+def test_torch_compile_traces_the_resampling_without_a_break():
+    # On PyTorch the interpolation matrices are tensor ops at every size:
+    # built in numpy (as on JAX and TensorFlow, at trace time), each
+    # conversion split the compiled graph, and a dynamic-size Ti/16 compiled
+    # to 15 graphs instead of 1 (twice inductor's compile time).
+    import torch
+
+    def breaks(function, *inputs):
+        function(*inputs)
+        return torch._dynamo.explain(function)(*inputs).graph_break_count
+
+    tokens, pixels = keras.ops.zeros((2, 1 + 3 * 5, 8)), keras.ops.zeros((2, 12, 20, 3))
+    if breaks(lambda x: keras.ops.maximum(x, 1.0), tokens):  # Keras 3.10 and torch 2.13, the lowest
+        pytest.skip("this Keras' ops on Python numbers break torch.compile's graph themselves")
+    for interpolation in ("linear", "bicubic", "bicubic_antialias"):
+        layer = keras_vit.layers.AddPositionEmbedding(
+            grid=(4, 4), stride=(4, 4), num_prefix_tokens=1, interpolation=interpolation)
+        assert breaks(lambda t, i: layer(t, i), tokens, pixels) == 0, interpolation
+
+
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="a TensorFlow graph of unknown height and width")
 def test_a_tf_function_of_unknown_size_resamples_in_the_graph_and_refuses_other_sides():
     import tensorflow as tf

@@ -108,10 +108,12 @@ class AddPositionEmbedding(keras.layers.Layer):
             return posemb
         prefix = posemb[:, : self.num_prefix_tokens]
         grid = ops.reshape(posemb[0, self.num_prefix_tokens:], (*self.grid, -1))
-        # Static sizes: the matrices in float64 as the loaders resample (at
-        # trace time under jax.jit and tf.function; per call, microseconds, in
-        # PyTorch's eager mode). Symbolic sizes: float32 graph ops.
-        xp = np if static else ops
+        # Static sizes: the matrices in float64 as the loaders resample, at
+        # trace time under jax.jit and tf.function. Symbolic sizes, and every
+        # size on PyTorch: float32 tensor ops (equal within float32 rounding),
+        # which torch.compile traces into the model's graph; numpy there
+        # would split it at each conversion.
+        xp = np if static and keras.backend.backend() != "torch" else ops
         row_matrix, col_matrix = (
             ops.cast(interpolation_matrix(size, target, self.interpolation, xp), posemb.dtype)
             for size, target in zip(self.grid, (rows, cols)))
@@ -198,10 +200,10 @@ def interpolation_matrix(in_size, out_size, interpolation, xp=np):
         coords = (out + 0.5) * scale - 0.5
         # Taps reach two positions past either border; each one is folded
         # onto the border position it replicates.
-        taps = np.arange(-2, in_size + 2)
+        taps = xp.arange(-2, in_size + 2)
         weights = _keys(coords[:, None] - _float(taps, xp)[None, :], -0.75, xp)
-        fold = (np.clip(taps, 0, in_size - 1)[:, None] == np.arange(in_size)[None, :]).astype(np.float64)
-        return xp.matmul(weights, fold if xp is np else ops.cast(fold, "float32"))
+        fold = _float(xp.clip(taps, 0, in_size - 1)[:, None] == xp.arange(in_size)[None, :], xp)
+        return xp.matmul(weights, fold)
     widen = xp.maximum(scale, 1.0)
     center = (out + 0.5) * scale
     source = _float(xp.arange(in_size), xp)
