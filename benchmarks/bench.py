@@ -346,13 +346,10 @@ def worker_script_main(script, argv, parse_args, run_worker, markdown):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        run_worker(args)
-        return
-    rows = run_backends(__file__, argv or sys.argv[1:], args.backends.split(","), args.json)
-    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}")
-    print(markdown(rows))
+    def report(rows):
+        return f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}\n" + markdown(rows)
+
+    return worker_script_main(__file__, argv, parse_args, run_worker, report)
 
 
 if __name__ == "__main__":
