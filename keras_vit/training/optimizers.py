@@ -189,10 +189,17 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
         self._decay = _DecaySelection(decay_variables)
         self._decayed = ()
 
+    def _apply_calls(self):
+        """Keras' count of `apply` calls (micro-batches). Read through the
+        base class' property: `super().iterations` inside a compiled
+        PyTorch step is a graph break (torch.compile reads the property
+        object, not its value), and the step then falls back to eager."""
+        return keras.optimizers.Optimizer.iterations.fget(self)
+
     @property
     def iterations(self):
         """The number of updates (micro-batches // `accumulation_steps`)."""
-        calls = super().iterations
+        calls = self._apply_calls()
         if self.accumulation_steps:
             return ops.floor_divide(calls, self.accumulation_steps)
         return calls
@@ -289,8 +296,7 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
         tensor), or None without accumulation."""
         if not self.accumulation_steps:
             return None
-        calls = super().iterations  # `apply` calls so far
-        return ops.equal(ops.mod(calls + 1, self.accumulation_steps), 0)
+        return ops.equal(ops.mod(self._apply_calls() + 1, self.accumulation_steps), 0)
 
     def _prepare_update(self, gradient, variable):
         """`(index, gradient, is_update)` for `update_step`: stores the

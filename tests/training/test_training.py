@@ -567,6 +567,37 @@ def test_fit_with_accumulation_matches_the_big_batch_reference():
             assert_close_rel(got - before, want - before, tol=1e-4, what=variable.path)
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="torch.compile; jax.jit and tf.function trace the update as a whole")
+@pytest.mark.parametrize("name", ["finetuning", "pretraining"])
+def test_torch_compile_traces_the_accumulating_update_without_a_break(name):
+    """`jit_compile=True` on PyTorch compiles the optimizer's update in one
+    graph, micro-steps and update steps alike. `super().iterations` split
+    it (torch.compile read the property object): the update fell back to
+    eager, its pieces recompiled until torch.compile gave up, and a
+    compiled step with accumulation was slower than an eager one."""
+    import torch
+
+    variables = [keras.Variable(np.ones((3, 2), np.float32), name="kernel"),
+                 keras.Variable(np.zeros((2,), np.float32), name="bias")]
+    optimizer = (
+        training.finetuning_optimizer(0.1, total_steps=4, warmup_steps=1, gradient_accumulation_steps=2)
+        if name == "finetuning" else
+        training.pretraining_optimizer(None, 1e-3, 4, warmup_steps=1, decay_variables=variables[:1],
+                                       gradient_accumulation_steps=2)
+    )
+    grads = keras.ops.ones((3, 2)), keras.ops.ones((2,))
+
+    def breaks(optimizer):
+        optimizer.build(variables)
+        return torch._dynamo.explain(lambda *g: optimizer.apply(list(g), variables))(*grads).graph_break_count
+
+    if breaks(keras.optimizers.Adam(1e-3)):  # Keras 3.10 and torch 2.13, the lowest
+        pytest.skip("this Keras' own optimizer update breaks torch.compile's graph")
+    for _ in range(2):  # a micro-step, then an update
+        assert breaks(optimizer) == 0
+    assert int(keras.ops.convert_to_numpy(optimizer.iterations)) == 1
+
+
 # --------------------------------------------------------------------------
 # Losses
 # --------------------------------------------------------------------------
