@@ -83,6 +83,11 @@ export XLA_FLAGS="${XLA_FLAGS:---xla_backend_optimization_level=0 --xla_cpu_mult
 export JAX_DISABLE_MOST_OPTIMIZATIONS="${JAX_DISABLE_MOST_OPTIMIZATIONS:-1}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}"
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+# The checkout is imported from source by every run and by the processes the
+# tests start: with bytecode caching off (some sandboxes set this), each one
+# compiles keras_vit, recipes and the test modules again (the recipes' tests:
+# 80.9 s of CPU against 79.4 s with a fresh cache, 76.2 s with a warm one).
+unset PYTHONDONTWRITEBYTECODE
 if ! has "$BACKENDS" "$ONE_BACKEND"; then ONE_BACKEND="${BACKENDS%% *}"; fi
 
 # The runs: "name|venv|backend|marker expression|tests".
