@@ -11,7 +11,7 @@ import pytest
 
 import keras_vit
 from keras_vit import training
-from tests.helpers import assert_close_rel, randomize_weights
+from tests.helpers import assert_close_rel, randomize_weights, torch_graphs
 
 BACKEND = keras.backend.backend()
 TINY = dict(
@@ -574,24 +574,13 @@ def test_torch_compile_traces_the_accumulating_update_without_a_break():
     it (torch.compile read the property object): the update fell back to
     eager, its pieces recompiled until torch.compile gave up, and a
     compiled step with accumulation was slower than an eager one."""
-    import torch
-
     variables = [keras.Variable(np.ones((3, 2), np.float32), name="kernel"),
                  keras.Variable(np.zeros((2,), np.float32), name="bias")]
     grads = keras.ops.ones((3, 2)), keras.ops.ones((2,))
 
     def graphs(optimizer, calls):
-        # Counted by a backend of our own, not `torch._dynamo.explain`:
-        # explain resets torch.compile's caches, and later tests then
-        # compile again what earlier ones left (a dynamic-size model at the
-        # lowest versions: 35 s instead of 1.5 s).
-        compiled = []
         optimizer.build(variables)
-        step = torch.compile(lambda *g: optimizer.apply(list(g), variables),
-                             backend=lambda graph, inputs: compiled.append(graph) or graph.forward)
-        for _ in range(calls):
-            step(*grads)
-        return len(compiled)
+        return torch_graphs(lambda *g: optimizer.apply(list(g), variables), *grads, calls=calls)
 
     if graphs(keras.optimizers.Adam(1e-3), 1) > 1:  # Keras 3.10 and torch 2.13, the lowest
         pytest.skip("this Keras' own optimizer update breaks torch.compile's graph")
