@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
+from keras_vit.weights.npz import write_npz
 
 # The sub-layers LoRA can adapt in each encoder block: the attention's
 # query, key, value and output projections (Keras' MultiHeadAttention
@@ -130,15 +131,14 @@ def _lora_config(model):
 
 def save_lora(model, path):
     """Writes the adapters and the head of `model` to `path` (`.npz`), with
-    what they fit (rank, alpha, the adapted layers); returns `path`."""
+    what they fit (rank, alpha, the adapted layers); returns `path`. Written
+    as `export_npz` writes a checkpoint: atomically, and only over a regular
+    file (`keras_vit.weights.npz.write_npz`)."""
     if not lora_layers(model):
         raise ValueError(f"Model {model.name!r} has no LoRA adapters to save (see `enable_lora`).")
     arrays = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_weights}
     arrays["lora_config"] = np.array(json.dumps(_lora_config(model)))
-    tmp = f"{path}.tmp.npz"
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-    return path
+    return write_npz(path, arrays)
 
 
 def load_lora(model, path):

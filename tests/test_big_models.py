@@ -2,6 +2,7 @@
 (`remat=`) gives the numbers without it, and LoRA trains adapters only,
 saves them alone, and merges for export."""
 
+import errno
 import os
 import sys
 
@@ -150,7 +151,7 @@ def _forward(weights, x):
     return keras.ops.convert_to_numpy(model(x))
 
 
-def test_lora_targets_and_errors(tmp_path):
+def test_lora_targets_and_errors(tmp_path, monkeypatch):
     model = keras_vit.enable_lora(_model(False), rank=3, targets=("key", "output", "mlp"), alpha=6)
     layers = keras_vit.lora.lora_layers(model)
     assert [layer.path.split("/")[-1] for layer in layers[:4]] == ["key", "attention_output", "Dense_0", "Dense_1"]
@@ -169,6 +170,20 @@ def test_lora_targets_and_errors(tmp_path):
         keras_vit.merge_lora(_model(False))
     # A file of other adapters, or no file of ours, is refused: nothing changes.
     path = keras_vit.save_lora(model, str(tmp_path / "a.npz"))
+    # Written as `export_npz` writes: a directory is refused untouched, and a
+    # write that fails (a full disk) leaves the old file whole, no temporary.
+    saved = open(path, "rb").read()
+    with pytest.raises(ValueError, match="is a directory; nothing was written"):
+        keras_vit.save_lora(model, str(tmp_path))
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "savez", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            keras_vit.save_lora(model, path)
+    assert os.listdir(tmp_path) == ["a.npz"] and open(path, "rb").read() == saved
     other = keras_vit.enable_lora(_model(False), rank=2)
     before = _numpy(other)
     with pytest.raises(ValueError, match="holds adapters with rank=3; this model has rank=2"):

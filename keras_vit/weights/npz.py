@@ -590,6 +590,15 @@ def export_npz(model, path):
     rows, cols = anatomy(model).grid
     if rows != cols:
         arrays[GRID_KEY] = np.array([rows, cols], np.int32)
+    return write_npz(path, arrays)
+
+
+def write_npz(path, arrays):
+    """Writes `arrays` (name -> array) to the `.npz` file `path` as
+    `export_npz` writes a checkpoint (see there): atomically, keeping an
+    existing file's permission bits, through symbolic links, refusing
+    anything but a regular file, removing temporaries of killed writes.
+    Returns `path`."""
     path = os.fspath(path)
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"`path` must be the path of an .npz file. Received: path={path!r}")
@@ -615,7 +624,7 @@ def export_npz(model, path):
     handle, tmp = tempfile.mkstemp(prefix=prefix, suffix=".npz", dir=directory)
     try:
         if fcntl is not None:
-            # Held until the rename: a concurrent export sees it is alive.
+            # Held until the rename: a concurrent write sees it is alive.
             fcntl.flock(handle, fcntl.LOCK_EX)
         with os.fdopen(handle, "wb", closefd=False) as f:
             np.savez(f, **arrays)
