@@ -57,9 +57,11 @@ def test_every_constructor_takes_include_preprocessing():
             parameter = inspect.signature(getattr(keras_vit, info.constructor)).parameters["include_preprocessing"]
             assert parameter.default is False
     model = lazy_build(lambda: keras_vit.ViTB16(include_preprocessing=True))
-    assert isinstance(model.layers[1], PreprocessInput) and model.layers[2].name == "embedding"
+    # Behind the size check, before anything else.
+    assert [layer.name for layer in model.layers[1:4]] == ["image_size_check", "preprocess_input", "embedding"]
+    assert isinstance(model.layers[2], PreprocessInput)
     hybrid = lazy_build(lambda: keras_vit.get_model("R26_S_32", include_preprocessing=True))
-    assert isinstance(hybrid.layers[1], PreprocessInput)
+    assert isinstance(hybrid.layers[2], PreprocessInput)
     assert not any(isinstance(layer, PreprocessInput) for layer in lazy_build(keras_vit.ViTTi16).layers)
     with pytest.raises(ValueError, match="Received: include_preprocessing='yes'"):
         keras_vit.ViTTi16(num_layers=1, include_preprocessing="yes")
@@ -93,7 +95,7 @@ def test_keras_file_round_trip(served, tmp_path):
     model, x, expected = served
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras")
-    assert isinstance(loaded.layers[1], PreprocessInput)
+    assert isinstance(loaded.get_layer("preprocess_input"), PreprocessInput)
     np.testing.assert_allclose(loaded.predict(x.astype("float32"), verbose=0), expected, rtol=0, atol=1e-6)
 
 

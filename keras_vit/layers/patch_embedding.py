@@ -155,40 +155,64 @@ def resize_patch_embedding(kernel, new_size):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class ImageSizeCheck(keras.layers.Layer):
-    """Passes images through, refusing sides that are not multiples of `stride`.
+    """Passes images through, refusing a size the model cannot take.
 
-    The first layer of a dynamic-size model: its patch convolution would
-    otherwise drop the last partial row or column of patches without a word.
+    The first layer of every model. A dynamic-size model (`image_size`
+    None) takes sides that are multiples of `stride`: its patch convolution
+    would otherwise drop the last partial row or column of patches without
+    a word. A fixed-size model takes its `image_size` only: Keras checks a
+    model's input shape in `model(x)`, but its JAX trainer calls the layers
+    directly in `fit`, `evaluate` and `predict`, where a larger image lost
+    its border rows and columns without a word, and another size failed
+    deep inside the model.
+
     Sizes known when the layer runs (eager, `jax.jit`, PyTorch, TensorFlow
     graphs traced at a size) get a `ValueError` naming the shape. In a
-    TensorFlow graph of unknown size, where `keras.ops` has no assertion, a
-    reshape of a `(side,)` vector into rows of `stride` fails at run time
-    unless the side is a multiple ("Input to reshape is a tensor with <side>
-    values, but the requested shape requires a multiple of <stride>"); its
-    zero sum is added to the images so that the graph keeps the check.
+    TensorFlow graph of unknown size (Keras retraces `fit`, `evaluate` and
+    `predict` at relaxed shapes when the size changes), where `keras.ops`
+    has no assertion, a reshape of a `(side,)` vector of zeros fails at run
+    time unless the side fits: "Input to reshape is a tensor with <side>
+    values, but the requested shape requires a multiple of <stride>" (its
+    sum is added to the images), or "... has <size>" (it is added to the
+    images along that side: a sum would let TensorFlow's graph optimizer
+    drop the reshape).
 
     Args:
         stride: `(height, width)` in pixels of one patch (for a hybrid: the
             ResNet stem's stride times the patch size).
+        image_size: `(height, width)` of a fixed-size model; None for a
+            dynamic-size one.
     """
 
-    def __init__(self, stride, **kwargs):
+    def __init__(self, stride, image_size=None, **kwargs):
         super().__init__(**kwargs)
         self.stride = normalize_pair(stride, "stride")
+        self.image_size = None if image_size is None else normalize_pair(image_size, "image_size")
 
     def call(self, images):
         shape = ops.shape(images)
         checks = []
-        for what, side, stride in zip(("height", "width"), shape[1:3], self.stride):
+        expected = self.image_size or (None, None)
+        for what, side, stride, size in zip(("height", "width"), shape[1:3], self.stride, expected):
             if isinstance(side, int):
+                if size is not None and side != size:
+                    raise ValueError(
+                        f"The image {what} must be {size}: this model takes images of {self.image_size[0]}x"
+                        f"{self.image_size[1]} pixels. Resize the images, or build the model with "
+                        "input_shape=(None, None, 3) to take any multiple of the patch size. "
+                        f"Received: images of shape {tuple(images.shape)}"
+                    )
                 if side % stride or side == 0:
                     raise ValueError(
                         f"The image {what} must be a positive multiple of {stride}, the pixels of one patch "
                         "of this model (for a hybrid: the ResNet stem's stride times the patch size). "
                         f"Received: images of shape {tuple(images.shape)}"
                     )
-            else:
+            elif size is None:
                 checks.append(ops.sum(ops.reshape(ops.zeros((side,), images.dtype), (-1, stride))))
+            else:
+                along = (1, size, 1, 1) if what == "height" else (1, 1, size, 1)
+                checks.append(ops.reshape(ops.zeros((side,), images.dtype), along))
         return images + sum(checks) if checks else images
 
     def compute_output_shape(self, input_shape):
@@ -196,5 +220,5 @@ class ImageSizeCheck(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config["stride"] = self.stride
+        config.update(stride=self.stride, image_size=self.image_size)
         return config

@@ -199,6 +199,41 @@ def test_non_square_and_other_sizes(shape):
     assert model.get_layer("posembed_input").pos_embedding.shape == (1, rows * cols + 1, 16)
 
 
+def test_a_fixed_size_model_refuses_other_sizes_in_fit_evaluate_and_predict():
+    """Keras checks a model's input shape in `model(x)`, but its JAX trainer
+    calls the layers directly in `fit`, `evaluate` and `predict`, and its
+    TensorFlow trainer retraces them at relaxed shapes when the size
+    changes: there a 32-px model took 36-px images (4x4 patches, the last 4
+    pixels of each side dropped) without a word, and other sizes failed deep
+    inside. `ImageSizeCheck` refuses them on every backend, naming the size
+    (in a TensorFlow graph of unknown size, through a reshape that fails);
+    on PyTorch Keras' own check answers first. The model is still whole
+    afterwards (not on JAX, where Keras' trainer loses its variables on
+    any error inside the first step: docs/models.md)."""
+    errors = (ValueError,)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        errors += (tf.errors.InvalidArgumentError,)
+    y = np.eye(3, dtype="float32")[[0, 1]]
+    good = np.ones((2, 32, 32, 3), "float32")
+    for name in ("fit", "evaluate", "predict"):
+        for side in (36, 16):
+            model = keras_vit.ViT(None, **{**TINY, "num_classes": 3})
+            model.compile(optimizer="sgd", loss="categorical_crossentropy")
+            call = getattr(model, name)
+            labels = () if name == "predict" else (y,)
+            call(good, *labels, verbose=0)  # Keras' set-up and first trace at 32 px
+            ours = (r"The image height must be 32: this model takes images of 32x32 pixels\..*"
+                    rf"Received: images of shape \(2, {side}, {side}, 3\)")
+            keras_own = rf"expected shape=\(None, 32, 32, 3\), found shape=\(2, {side}, {side}, 3\)"
+            graph = rf"Input to reshape is a tensor with {side} values, but the requested shape has 32"
+            with pytest.raises(errors, match=f"{ours}|{keras_own}|{graph}"):
+                call(np.ones((2, side, side, 3), "float32"), *labels, verbose=0)
+            if keras.backend.backend() != "jax":
+                assert model.predict(good, verbose=0).shape == (2, 3)
+
+
 def test_input_tensor():
     inputs = keras.Input((32, 32, 3))
     model = keras_vit.ViT(None, input_tensor=inputs, include_top=False, pooling="gap", **{
