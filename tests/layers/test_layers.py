@@ -19,6 +19,8 @@ def tokens(shape=(2, 5, 8)):
 
 LAYER_CASES = [
     (layers.PatchEmbedding, dict(hidden_size=8, patch_size=(4, 2)), (2, 8, 8, 3)),
+    (layers.ImageSizeCheck, dict(stride=(4, 2)), (2, 8, 8, 3)),
+    (layers.ImageSizeCheck, dict(stride=(4, 4), image_size=(8, 12)), (2, 8, 12, 3)),
     (layers.ClassToken, dict(), (2, 5, 8)),
     (layers.AddPositionEmbedding, dict(), (2, 5, 8)),
     (layers.SequencePooling, dict(method="gap"), (2, 5, 8)),
