@@ -110,7 +110,8 @@ def test_lora_trains_the_adapters_and_the_head_only(tmp_path):
     """`enable_lora`: adapters on query and value by default (Keras'
     `enable_lora`), everything else frozen but the head; after `fit`, only
     the adapters and the head changed. Merged == adapted; the adapter file
-    round-trips onto the base model, and is small."""
+    round-trips onto the base model, and is small; `export_npz` writes the
+    merged model."""
     x, y = _batch(8, seed=2)
     model = _model(False)
     base = _numpy(model)
@@ -136,6 +137,16 @@ def test_lora_trains_the_adapters_and_the_head_only(tmp_path):
     assert not any("lora" in v.path for v in merged.weights) and len(merged.weights) == len(base)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(merged(x)), adapted, rtol=1e-5, atol=1e-6)
     assert len(merged.trainable_weights) == len([v for v in merged.weights if "seed_generator" not in v.path])
+    # The original format holds the adapted model as it computes, merged; a
+    # checkpoint is refused by the adapted model, which stays as it was.
+    with np.load(keras_vit.export_npz(model, str(tmp_path / "adapted.npz"))) as adapted_npz, \
+            np.load(keras_vit.export_npz(merged, str(tmp_path / "merged.npz"))) as merged_npz:
+        assert adapted_npz.files == merged_npz.files
+        for key in merged_npz.files:
+            np.testing.assert_array_equal(adapted_npz[key], merged_npz[key], err_msg=key)
+    with pytest.raises(ValueError, match="has LoRA adapters: load the checkpoint before `enable_lora`"):
+        keras_vit.load_weights(model, str(tmp_path / "merged.npz"))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(x)), adapted)
     # The adapters and the head alone, onto a fresh base model.
     path = keras_vit.save_lora(model, str(tmp_path / "adapters.npz"))
     assert os.path.getsize(path) < 0.5 * sum(v.nbytes for v in base.values())

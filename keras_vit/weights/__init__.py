@@ -55,6 +55,8 @@ def load_weights(
             f"Received: weights={weights!r}"
         )
     path = os.fspath(weights)
+    if not path.endswith(".weights.h5"):
+        _refuse_adapted(model, weights)
     if path.startswith(hub.HUB_PREFIX) or path.endswith(".safetensors") or (
             os.path.isdir(path) and os.path.exists(os.path.join(path, hub.WEIGHTS_NAME))):
         return hub.load_timm(model, path, interpolation or "bicubic_antialias")
@@ -82,3 +84,15 @@ def load_weights(
         allow_nonfinite=allow_nonfinite,
     )
 
+
+def _refuse_adapted(model, weights):
+    """An original or timm checkpoint holds plain kernels; with LoRA on, an
+    adapted layer's kernel is computed (`W + (alpha / rank) * A @ B`) and
+    cannot take one."""
+    from keras_vit.lora import lora_layers  # keras_vit.lora imports this package
+
+    if lora_layers(model):
+        raise ValueError(
+            f"Model {model.name!r} has LoRA adapters: load the checkpoint before `enable_lora` (adapters saved "
+            f"with `save_lora` load with `load_lora`). The model is unchanged. Received: weights={weights!r}"
+        )

@@ -584,7 +584,7 @@ def export_npz(model, path):
     (also behind a link) is refused, untouched.
     """
     arrays = {
-        key: keras.ops.convert_to_numpy(variable.value).astype(np.float32)
+        key: keras.ops.convert_to_numpy(variable).astype(np.float32)
         for key, variable in checkpoint_variables(model).items()
     }
     rows, cols = anatomy(model).grid

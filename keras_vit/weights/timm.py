@@ -439,7 +439,7 @@ def timm_state(model):
 
     state, fused = {}, {}
     for key, (variable, layout) in timm_variables(model).items():
-        value = layout.back(np.asarray(keras.ops.convert_to_numpy(variable.value), np.float32))
+        value = layout.back(np.asarray(keras.ops.convert_to_numpy(variable), np.float32))
         if "/" in key:
             fused.setdefault(key.split("/")[0], {})[key.split("/")[1]] = value
         else:
