@@ -8,6 +8,7 @@ from keras import ops
 from keras_vit.layers.utils import SEED_STATE
 from keras_vit.layers.utils import call_symbolically
 from keras_vit.layers.utils import check_rate
+from keras_vit.layers.utils import is_real
 from keras_vit.layers.utils import freeze_sublayers_if_frozen
 
 # Flax LayerNorm's default; Keras' default (1e-3) gives visibly different
@@ -218,7 +219,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.gelu = check_gelu(gelu)
         if layer_scale_init is not None and (
-            isinstance(layer_scale_init, bool) or not isinstance(layer_scale_init, (int, float))
+            not is_real(layer_scale_init)
         ):
             raise ValueError(
                 "`layer_scale_init` must be None or a float. "

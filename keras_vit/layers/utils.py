@@ -1,5 +1,8 @@
 """Small helpers shared by the layers and model builders."""
 
+import math
+import numbers
+
 import keras
 from keras import ops
 
@@ -28,9 +31,15 @@ def normalize_pair(value, name):
     return pair
 
 
+def is_real(value):
+    """A finite real number: Python's or numpy's (a rate from a numpy grid);
+    not a bool, NaN or infinity."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_rate(value, name):
     """Validates a dropout-like probability in [0, 1)."""
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+    if not is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(
             f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"
         )

@@ -7,7 +7,7 @@ import keras
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
-from keras_vit.layers.utils import check_rate, normalize_pair
+from keras_vit.layers.utils import check_rate, is_real, normalize_pair
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.weights import load_weights
 from keras_vit import variants
@@ -439,7 +439,7 @@ def _check_family_options(fields):
         if not isinstance(fields[name], bool):
             raise ValueError(f"`{name}` must be a bool. Received: {name}={fields[name]!r}")
     epsilon = fields["layer_norm_epsilon"]
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not epsilon > 0:
+    if not is_real(epsilon) or not epsilon > 0:
         raise ValueError(f"`layer_norm_epsilon` must be a positive float. Received: layer_norm_epsilon={epsilon!r}")
     return has
 

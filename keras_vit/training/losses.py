@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_vit.layers.utils import is_real
+
 # Head bias initialisation of AugReg-style sigmoid pre-training
 # (big_vision configs `vit_i21k.py` / `vit_i1k.py`: `head_bias_init`), about
 # -log(num_classes) so that the initial sigmoid outputs match the label prior.
@@ -12,7 +14,7 @@ SIGMOID_HEAD_BIAS_INIT = {"imagenet21k": -10.0, "imagenet2012": -6.9}
 
 
 def _check_smoothing(label_smoothing):
-    if not isinstance(label_smoothing, (int, float)) or not 0.0 <= label_smoothing < 1.0:
+    if not is_real(label_smoothing) or not 0.0 <= label_smoothing < 1.0:
         raise ValueError(
             "`label_smoothing` must be a float in [0, 1). "
             f"Received: label_smoothing={label_smoothing!r}"

@@ -34,6 +34,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import distribute
+from keras_vit.layers.utils import is_real
 from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 
 
@@ -151,7 +152,7 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                 )
         super().__init__(learning_rate=learning_rate, **kwargs)
         if global_clipnorm is not None and (
-            not isinstance(global_clipnorm, (int, float)) or global_clipnorm <= 0
+            not is_real(global_clipnorm) or global_clipnorm <= 0
         ):
             raise ValueError(
                 "`global_clipnorm` must be a positive float or None. "
@@ -160,13 +161,13 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
         self.accumulation_steps = steps
         self.clip_global_norm = None if global_clipnorm is None else float(global_clipnorm)
         if weight_decay is not None and (
-            not isinstance(weight_decay, (int, float)) or weight_decay < 0
+            not is_real(weight_decay) or weight_decay < 0
         ):
             raise ValueError(
                 "`weight_decay` must be a non-negative float or None. "
                 f"Received: weight_decay={weight_decay!r}"
             )
-        self.decoupled_weight_decay = weight_decay
+        self.decoupled_weight_decay = None if weight_decay is None else float(weight_decay)
         if weight_decay and decay_variables is None:
             raise ValueError(
                 "With `weight_decay`, pass the variables to decay explicitly: "
@@ -414,7 +415,7 @@ class MomentumSGD(_OriginalOrderOptimizer):
             name=name,
             **kwargs,
         )
-        if not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+        if not is_real(momentum) or not 0.0 <= momentum < 1.0:
             raise ValueError(
                 f"`momentum` must be a float in [0, 1). Received: momentum={momentum!r}"
             )
@@ -511,7 +512,7 @@ class DecoupledAdam(_OriginalOrderOptimizer):
             **kwargs,
         )
         for arg, value in (("beta_1", beta_1), ("beta_2", beta_2)):
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if not is_real(value) or not 0.0 <= value < 1.0:
                 raise ValueError(
                     f"`{arg}` must be a float in [0, 1). Received: {arg}={value!r}"
                 )

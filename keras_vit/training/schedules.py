@@ -1,6 +1,7 @@
 """The learning-rate schedule of the original ViT code."""
 
 import math
+import numbers
 
 import keras
 from keras import ops
@@ -50,16 +51,18 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         name=None,
     ):
         super().__init__()
-        if not isinstance(base_learning_rate, (int, float)) or base_learning_rate < 0:
-            raise ValueError(
-                "`base_learning_rate` must be a non-negative float. "
-                f"Received: base_learning_rate={base_learning_rate!r}"
-            )
+        # Any real number, numpy's included; a NaN, infinite or negative rate
+        # would train to NaN or climb the loss.
+        for arg, value in (("base_learning_rate", base_learning_rate), ("linear_end", linear_end)):
+            if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+                    or value < 0):
+                raise ValueError(f"`{arg}` must be a finite non-negative float. Received: {arg}={value!r}")
         for arg, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
                 raise ValueError(
                     f"`{arg}` must be a non-negative int. Received: {arg}={value!r}"
                 )
+        total_steps, warmup_steps = int(total_steps), int(warmup_steps)
         if total_steps <= warmup_steps:
             raise ValueError(
                 "`total_steps` must be larger than `warmup_steps` (the decay "

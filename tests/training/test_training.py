@@ -2,6 +2,7 @@
 transcriptions of the original update rules (vit_jax / optax / big_vision),
 gradient accumulation and mixed precision."""
 
+import json
 import math
 
 import keras
@@ -219,6 +220,31 @@ def test_schedule_without_warmup_and_serialization():
 def test_schedule_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         training.WarmupDecay(0.1, **kwargs)
+
+
+def test_schedule_takes_numpy_numbers_and_refuses_rates_that_cannot_train():
+    """A rate or a step count computed with numpy is a number like any
+    other; a NaN, infinite or negative rate (base, or the linear decay's
+    end, where the last updates would climb the loss) is refused, and so are
+    the optimizers' NaN or infinite settings."""
+    schedule = training.WarmupDecay(np.float32(0.5), np.int64(10), np.int32(2), "linear", linear_end=np.float32(0.0))
+    assert float(keras.ops.convert_to_numpy(schedule(2))) == pytest.approx(0.5)
+    assert type(schedule.get_config()["total_steps"]) is int  # JSON-serialisable
+    for arg, value in [("base_learning_rate", float("nan")), ("base_learning_rate", float("inf")),
+                       ("base_learning_rate", -0.1), ("linear_end", -1.0), ("linear_end", float("nan")),
+                       ("base_learning_rate", True), ("base_learning_rate", "0.1")]:
+        kwargs = {"base_learning_rate": 0.1, "total_steps": 10, "decay_type": "linear", arg: value}
+        with pytest.raises(ValueError, match=rf"`{arg}` must be a finite non-negative float. Received: {arg}="):
+            training.WarmupDecay(**kwargs)
+    # The same for the optimizers' numbers: numpy's taken, NaN and infinity refused.
+    optimizer = training.finetuning_optimizer(np.float32(0.01), np.int64(10), warmup_steps=np.int64(1),
+                                              momentum=np.float32(0.9), global_clipnorm=np.float32(1.0))
+    json.dumps(optimizer.get_config(), default=str)
+    for kwargs in (dict(momentum=float("nan")), dict(global_clipnorm=float("nan")), dict(global_clipnorm=float("inf"))):
+        with pytest.raises(ValueError, match=f"`{next(iter(kwargs))}` must be"):
+            training.finetuning_optimizer(0.01, 10, warmup_steps=1, **kwargs)
+    with pytest.raises(ValueError, match="`label_smoothing` must be a float in"):
+        training.SoftmaxCrossEntropy(label_smoothing=float("nan"))
 
 
 def test_accumulation_schedule_counts_updates():
