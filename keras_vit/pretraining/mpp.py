@@ -55,6 +55,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+from keras_vit.layers.utils import is_real
 from keras_vit.anatomy import anatomy
 
 TARGETS = ("mean_color", "downsampled", "pixels")
@@ -175,8 +176,7 @@ def patch_targets(images, patch_size, target="mean_color", bits=3,
 
 
 def _check_probability(value, name, low_open=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (0.0 < value <= 1.0 if low_open else 0.0 <= value <= 1.0)
+    ok = is_real(value) and (0.0 < value <= 1.0 if low_open else 0.0 <= value <= 1.0)
     if not ok:
         interval = "(0, 1]" if low_open else "[0, 1]"
         raise ValueError(f"`{name}` must be a float in {interval}. Received: {name}={value!r}")
