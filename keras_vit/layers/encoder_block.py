@@ -218,9 +218,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         self.drop_path_rate = check_rate(drop_path_rate, "drop_path_rate")
         self.layer_norm_epsilon = layer_norm_epsilon
         self.gelu = check_gelu(gelu)
-        if layer_scale_init is not None and (
-            not is_real(layer_scale_init)
-        ):
+        if layer_scale_init is not None and not is_real(layer_scale_init):
             raise ValueError(
                 "`layer_scale_init` must be None or a float. "
                 f"Received: layer_scale_init={layer_scale_init!r}"

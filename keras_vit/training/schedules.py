@@ -6,6 +6,8 @@ import numbers
 import keras
 from keras import ops
 
+from keras_vit.layers.utils import is_real
+
 DECAY_TYPES = ("cosine", "linear")
 
 
@@ -54,8 +56,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         # Any real number, numpy's included; a NaN, infinite or negative rate
         # would train to NaN or climb the loss.
         for arg, value in (("base_learning_rate", base_learning_rate), ("linear_end", linear_end)):
-            if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-                    or value < 0):
+            if not is_real(value) or value < 0:
                 raise ValueError(f"`{arg}` must be a finite non-negative float. Received: {arg}={value!r}")
         for arg, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
