@@ -38,7 +38,8 @@ def is_real(value):
 
 
 def check_rate(value, name):
-    """Validates a dropout-like probability in [0, 1)."""
+    """Validates a rate in [0, 1) (dropout, momentum, Adam's betas, label
+    smoothing); returns it as a float."""
     if not is_real(value) or not 0.0 <= value < 1.0:
         raise ValueError(
             f"`{name}` must be a float in [0, 1). Received: {name}={value!r}"

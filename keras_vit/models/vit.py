@@ -313,7 +313,8 @@ def ViT(
 
     # --- Embedding: patches, [class] token, position embedding ---
     x = inputs
-    x = vit_layers.ImageSizeCheck(stride, image_size=None if dynamic else input_shape[:2], name="image_size_check")(x)
+    fixed_size = None if dynamic else input_shape[:2]
+    x = vit_layers.ImageSizeCheck(stride, image_size=fixed_size, name="image_size_check")(x)
     if include_preprocessing:
         x = vit_layers.PreprocessInput(pixel_mean, pixel_std, name="preprocess_input")(x)
     if fields["resnet"] is not None:

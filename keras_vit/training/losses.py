@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import check_rate
 
 # Head bias initialisation of AugReg-style sigmoid pre-training
 # (big_vision configs `vit_i21k.py` / `vit_i1k.py`: `head_bias_init`), about
@@ -11,15 +11,6 @@ from keras_vit.layers.utils import is_real
 # Use with the model: `keras_vit.ViTB16(num_classes=21843,
 #     head_bias_init=SIGMOID_HEAD_BIAS_INIT["imagenet21k"])`.
 SIGMOID_HEAD_BIAS_INIT = {"imagenet21k": -10.0, "imagenet2012": -6.9}
-
-
-def _check_smoothing(label_smoothing):
-    if not is_real(label_smoothing) or not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(
-            "`label_smoothing` must be a float in [0, 1). "
-            f"Received: label_smoothing={label_smoothing!r}"
-        )
-    return float(label_smoothing)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -51,7 +42,7 @@ class SoftmaxCrossEntropy(keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
-        self.label_smoothing = _check_smoothing(label_smoothing)
+        self.label_smoothing = check_rate(label_smoothing, "label_smoothing")
         self.sparse = bool(sparse)
 
     def call(self, y_true, y_pred):
@@ -101,7 +92,7 @@ class SigmoidCrossEntropy(keras.losses.Loss):
         dtype=None,
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
-        self.label_smoothing = _check_smoothing(label_smoothing)
+        self.label_smoothing = check_rate(label_smoothing, "label_smoothing")
 
     def call(self, y_true, y_pred):
         logits = ops.cast(y_pred, "float32")

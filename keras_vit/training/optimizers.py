@@ -34,7 +34,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import distribute
-from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import check_rate, is_real
 from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 
 
@@ -415,11 +415,7 @@ class MomentumSGD(_OriginalOrderOptimizer):
             name=name,
             **kwargs,
         )
-        if not is_real(momentum) or not 0.0 <= momentum < 1.0:
-            raise ValueError(
-                f"`momentum` must be a float in [0, 1). Received: momentum={momentum!r}"
-            )
-        self.momentum = float(momentum)
+        self.momentum = check_rate(momentum, "momentum")
         self.accumulator_dtype = keras.backend.standardize_dtype(accumulator_dtype)
 
     def build(self, variables):
@@ -511,13 +507,8 @@ class DecoupledAdam(_OriginalOrderOptimizer):
             name=name,
             **kwargs,
         )
-        for arg, value in (("beta_1", beta_1), ("beta_2", beta_2)):
-            if not is_real(value) or not 0.0 <= value < 1.0:
-                raise ValueError(
-                    f"`{arg}` must be a float in [0, 1). Received: {arg}={value!r}"
-                )
-        self.beta_1 = float(beta_1)
-        self.beta_2 = float(beta_2)
+        self.beta_1 = check_rate(beta_1, "beta_1")
+        self.beta_2 = check_rate(beta_2, "beta_2")
         self.epsilon = float(epsilon)
         self.first_moment_dtype = keras.backend.standardize_dtype(first_moment_dtype)
 
