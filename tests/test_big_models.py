@@ -66,6 +66,58 @@ def test_remat_gives_the_same_logits_and_gradients(regularised):
         np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6, err_msg=weight.path)
 
 
+def test_remat_falls_back_when_the_flash_kernel_refuses_training_shapes():
+    """JAX on a GPU: cuDNN's flash kernel refused 577 tokens for training
+    (JAX 0.11, H200) where Keras had taken it for the shapes, and under remat
+    the refusal came after Keras' own fallback, when the recomputed region
+    was differentiated: bfloat16 training with remat crashed. The block
+    retries the region on XLA's attention and leaves the layer's flash
+    setting as it was. Simulated here as JAX does it: while flash is not
+    switched off, the attention's output goes through a function whose
+    forward rule for differentiation refuses."""
+    x, _ = _batch()
+    plain, rematted = _model(False), _model(True)
+    refused = []
+    if BACKEND == "jax":
+        import jax
+
+        @jax.custom_vjp
+        def flash_kernel(y):
+            return y
+
+        def forward_rule(y):
+            refused.append(y.shape)
+            raise NotImplementedError("Unsupported sequence length Q 5, KV 5.")
+
+        flash_kernel.defvjp(forward_rule, lambda residuals, g: (g,))
+    else:  # only JAX's attention has a kernel to fall back from: the error surfaces
+        def flash_kernel(y):
+            raise NotImplementedError("Unsupported sequence length Q 5, KV 5.")
+
+    for block in (b for b in rematted.layers if hasattr(b, "remat")):
+        attention = block.attention
+        compute = attention._compute_attention
+
+        def kernel_or_not(*args, attention=attention, compute=compute, **kwargs):
+            flash, attention._flash_attention = attention._flash_attention, False  # no cuDNN on a CPU
+            try:
+                out, scores = compute(*args, **kwargs)
+            finally:
+                attention._flash_attention = flash
+            return (out if flash is False else flash_kernel(out)), scores
+
+        attention._compute_attention = kernel_or_not
+        attention._flash_attention = True  # as `keras.config.enable_flash_attention()` sets it
+    if BACKEND != "jax":
+        with pytest.raises(NotImplementedError, match="Unsupported sequence length"):
+            rematted(x, training=True)
+        return
+    for a, b in zip(gradients(plain, x), gradients(rematted, x)):
+        np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-6)
+    assert refused  # the refusal happened, and was recovered from
+    assert all(b.attention._flash_attention is True for b in rematted.layers if hasattr(b, "remat"))
+
+
 def test_remat_fit_with_accumulation_and_save_load(tmp_path):
     """`fit` (compiled: XLA on JAX and TensorFlow) with 2 accumulated
     micro-batches ends with the weights of the run without remat, and the

@@ -1,5 +1,6 @@
 """The pre-norm Transformer encoder block of ViT (paper Eq. 2-3)."""
 
+import contextlib
 import math
 
 import keras
@@ -293,16 +294,21 @@ class TransformerEncoderBlock(keras.layers.Layer):
         # Sub-layers get `training` from Keras' call context (see MlpBlock).
         if not return_attention_scores:
             return self.attention(y, y, **(given or {}))
-        if not self.attention._flash_attention:
-            return self.attention(y, y, return_attention_scores=True)
         # With flash attention switched on (`keras.config.enable_flash_attention()`),
         # Keras refuses to return scores; this one call takes the explicit
         # softmax path instead, normal calls stay on the flash kernel.
+        with self._flash_attention_off():
+            return self.attention(y, y, return_attention_scores=True)
+
+    @contextlib.contextmanager
+    def _flash_attention_off(self):
+        # Keras has no public per-layer switch (docs/training.md lists this seam).
+        flash = self.attention._flash_attention
         self.attention._flash_attention = False
         try:
-            return self.attention(y, y, return_attention_scores=True)
+            yield
         finally:
-            self.attention._flash_attention = True
+            self.attention._flash_attention = flash
 
     def call(self, inputs, training=None, return_attention_scores=False):
         # Only a training call keeps activations for a backward pass.
@@ -326,7 +332,20 @@ class TransformerEncoderBlock(keras.layers.Layer):
             ended = [scope.get_current_value(v) for v in states]
             return (y, *[s if e is None else e for s, e in zip(started, ended)])
 
-        y, *ended = keras.remat(forward)(inputs, *[ops.copy(v.value) for v in states])
+        started = [ops.copy(v.value) for v in states]
+        try:
+            y, *ended = keras.remat(forward)(inputs, *started)
+        except NotImplementedError:
+            # JAX on a GPU: Keras takes cuDNN's flash kernel when it accepts
+            # the shapes for inference, and falls back to XLA's attention when
+            # the training kernel refuses them (e.g. 197 or 577 tokens with
+            # JAX 0.11). Under remat that refusal comes when the recomputed
+            # region is differentiated, after Keras' fallback: it is made here.
+            if keras.backend.backend() != "jax" or self.attention._flash_attention is False:
+                raise
+            with self._flash_attention_off():
+                # A new function object: JAX reuses the trace it keeps for `forward`.
+                y, *ended = keras.remat(lambda *args: forward(*args))(inputs, *started)
         for state, value in zip(states, ended):
             state.assign(value)
         return y
