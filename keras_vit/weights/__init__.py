@@ -66,12 +66,20 @@ def load_weights(
     if not os.path.exists(path) and registry.is_registered(path):
         bucket_path = registry.resolve(path, variant, anatomy(model).image_size[0])
         registry.check_architecture(model, variant, path)
-        plans = []
+        plans, refusals = [], []
 
-        def validate(file):  # Loading is the check: its keys must fit the model.
-            plans.append(prepare_npz(model, file, interpolation, source_grid, allow_nonfinite))
+        def validate(file):
+            # Loading is the check. When the user's arguments refuse a file
+            # that loads as published, the file is kept and the error raised.
+            try:
+                plans.append(prepare_npz(model, file, interpolation, source_grid, allow_nonfinite))
+            except ValueError as refusal:
+                prepare_npz(model, file)  # raises when the file itself is at fault
+                refusals.append(refusal)
 
         cache.fetch(bucket_path, validate=validate)
+        if refusals:
+            raise refusals[-1]
         return plans[-1].apply(model)
     if not os.path.exists(path):
         names = ", ".join(registry.NAMES)

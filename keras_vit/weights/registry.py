@@ -13,6 +13,7 @@ import urllib.parse
 
 from keras_vit.anatomy import anatomy
 from keras_vit.variants import ROOT_WIDTH, VARIANTS, augreg_name
+from keras_vit.weights.npz import original_format_problems
 
 # Override with a mirror (e.g. a local copy of the bucket) through the
 # environment: KERAS_VIT_WEIGHTS_URL=https://my.mirror/vit_models
@@ -181,7 +182,7 @@ def check_architecture(model, variant, weights):
         f"{key} {actual[key]!r} (the checkpoint's: {expected[key]!r})"
         for key in expected
         if actual[key] != expected[key]
-    ]
+    ] + original_format_problems(model)
     if differences:
         raise ValueError(
             f"The {weights!r} checkpoint is for the published {variant} architecture, "

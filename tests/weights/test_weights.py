@@ -802,7 +802,26 @@ def test_architecture_overrides_are_refused_before_download(bucket):
     model = keras_vit.ViTTi16(input_shape=(32, 32, 3), mlp_dim=64)
     with pytest.raises(ValueError, match=r"mlp_dim 64 .*\(nothing was downloaded\)"):
         keras_vit.load_weights(model, "augreg", variant="ViT-Ti_16")
+    # Options the original format has no keys for (a GB download refused after the fact before).
+    with pytest.raises(ValueError, match=r"this model has qk_norm=True, gelu='exact': .*nothing was downloaded"):
+        keras_vit.ViTTi16(input_shape=(32, 32, 3), gelu="exact", qk_norm=True, weights="augreg")
     assert bucket.requests == []
+
+
+def test_an_argument_that_refuses_a_good_checkpoint_keeps_it_cached(bucket, tmp_path):
+    """A wrong `source_grid` is the caller's error: the downloaded file is
+    cached all the same, and a cached one is not deleted (it was, and
+    downloaded again, which fails offline)."""
+    upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
+    bucket.files[f"augreg/{upstream}.npz"] = npz_bytes(tmp_path, randomize_weights(keras_vit.ViTTi16(
+        input_shape=(32, 32, 3))))
+    model = keras_vit.ViTTi16(input_shape=(48, 48, 3))
+    for _ in range(2):  # downloaded, then cached
+        with pytest.raises(ValueError, match=r"source_grid"):
+            keras_vit.load_weights(model, "augreg", variant="ViT-Ti_16", source_grid=(2, 8))
+    assert len(bucket.requests) == 1
+    keras_vit.load_weights(model, "augreg", variant="ViT-Ti_16")  # from the cache
+    assert len(bucket.requests) == 1
 
 
 # The cache itself, through `cache.fetch` with the loader as validator.
