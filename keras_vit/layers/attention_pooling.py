@@ -1,5 +1,7 @@
 """Multihead attention pooling (the "MAP" head of SigLIP and big_vision)."""
 
+import numbers
+
 import keras
 from keras import ops
 
@@ -21,10 +23,18 @@ class AttentionPooling(keras.layers.Layer):
         mlp_dim: int. Hidden width of the MLP.
         gelu: the MLP's GELU (see `MlpBlock`). Defaults to `"tanh"`.
         layer_norm_epsilon: float. Defaults to 1e-6.
+        num_prefix_tokens: int. Tokens before the patches (class, registers)
+            that the probe does not attend to, as timm's `pool` leaves them
+            out (`pool_include_prefix=False`). Defaults to 0: every token.
     """
 
-    def __init__(self, num_heads, mlp_dim, gelu="tanh", layer_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):
+    def __init__(self, num_heads, mlp_dim, gelu="tanh", layer_norm_epsilon=LAYER_NORM_EPSILON, num_prefix_tokens=0,
+                 **kwargs):
         super().__init__(**kwargs)
+        if not isinstance(num_prefix_tokens, numbers.Integral) or isinstance(num_prefix_tokens, bool) \
+                or num_prefix_tokens < 0:
+            raise ValueError(f"`num_prefix_tokens` must be an int >= 0. Received: num_prefix_tokens={num_prefix_tokens!r}")
+        self.num_prefix_tokens = int(num_prefix_tokens)
         self.num_heads = num_heads
         self.mlp_dim = mlp_dim
         self.gelu = check_gelu(gelu)
@@ -54,6 +64,7 @@ class AttentionPooling(keras.layers.Layer):
         freeze_sublayers_if_frozen(self, (self.attention, self.layer_norm, self.mlp))
 
     def call(self, tokens):
+        tokens = tokens[:, self.num_prefix_tokens:]
         probe = ops.cast(self.probe, self.compute_dtype)
         probe = ops.broadcast_to(probe, (ops.shape(tokens)[0], 1, ops.shape(probe)[-1]))
         x = self.attention(probe, tokens)
@@ -66,5 +77,5 @@ class AttentionPooling(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(num_heads=self.num_heads, mlp_dim=self.mlp_dim, gelu=self.gelu,
-                      layer_norm_epsilon=self.layer_norm_epsilon)
+                      layer_norm_epsilon=self.layer_norm_epsilon, num_prefix_tokens=self.num_prefix_tokens)
         return config

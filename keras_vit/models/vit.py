@@ -31,6 +31,10 @@ EXTRA_FIELDS = dict(
     fc_norm=False,  # the final LayerNorm after pooling, not before
     patch_bias=True,
     qk_norm=False,  # LayerNorm on each head's queries and keys
+    # Whether pooling takes the class and register tokens in; None: not for
+    # a "gap" or "map" classifier (timm's default), every token for the
+    # `pooling=` of features.
+    pool_include_prefix=None,
 )
 
 
@@ -217,8 +221,10 @@ def ViT(
             (position embeddings without the prefix tokens' rows, added
             before they are prepended), `layer_scale_init` (LayerScale),
             `pre_norm` (a LayerNorm before the encoder), `fc_norm` (the final
-            LayerNorm after pooling), `patch_bias` (True) and `qk_norm`
-            (False).
+            LayerNorm after pooling), `patch_bias` (True), `qk_norm`
+            (False) and `pool_include_prefix` (None: a `"gap"` or `"map"`
+            classifier pools the patches only, as timm's; `pooling=` on
+            features every token).
 
     Inputs are NHWC floats in [-1, 1] (see `keras_vit.preprocess_input`), or
     pixels in [0, 255] with `include_preprocessing=True`.
@@ -367,15 +373,15 @@ def ViT(
         x = keras.layers.LayerNormalization(epsilon=norm_epsilon, name="encoder_norm")(x)
 
     def pool(x, method):
-        # A "gap" classifier leaves the class and register tokens out of the
-        # average, as timm's; `pooling="gap"` on a token model's features
-        # averages every token, as it always has.
+        include = fields["pool_include_prefix"]
+        if include is None:
+            include = not include_top
+        skipped = 0 if include or method == "token" else num_prefix_tokens
         if method == "map":
             x = vit_layers.AttentionPooling(
                 fields["num_heads"], fields["mlp_dim"], gelu=fields["gelu"], layer_norm_epsilon=norm_epsilon,
-                name="map_head")(x)
+                num_prefix_tokens=skipped, name="map_head")(x)
         else:
-            skipped = num_prefix_tokens if classifier == "gap" else 0
             x = vit_layers.SequencePooling(method, skipped, name="pool")(x)
         if fields["fc_norm"]:
             x = keras.layers.LayerNormalization(epsilon=norm_epsilon, name="fc_norm")(x)
@@ -439,6 +445,9 @@ def _check_family_options(fields):
     for name in ("no_embed_class", "pre_norm", "fc_norm", "patch_bias", "qk_norm"):
         if not isinstance(fields[name], bool):
             raise ValueError(f"`{name}` must be a bool. Received: {name}={fields[name]!r}")
+    if fields["pool_include_prefix"] not in (None, True, False):
+        raise ValueError("`pool_include_prefix` must be None or a bool. "
+                         f"Received: pool_include_prefix={fields['pool_include_prefix']!r}")
     epsilon = fields["layer_norm_epsilon"]
     if not is_real(epsilon) or not epsilon > 0:
         raise ValueError(f"`layer_norm_epsilon` must be a positive float. Received: layer_norm_epsilon={epsilon!r}")

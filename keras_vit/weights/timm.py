@@ -240,7 +240,7 @@ _TIMM_DEFAULTS = dict(
     img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool="token", embed_dim=768, depth=12,
     num_heads=12, mlp_ratio=4.0, qkv_bias=True, qk_norm=False, proj_bias=True, init_values=None, class_token=True,
     no_embed_class=False, reg_tokens=0, pre_norm=False, final_norm=True, fc_norm=None, act_layer="gelu",
-    layer_norm_eps=1e-6,
+    layer_norm_eps=1e-6, pool_include_prefix=False,
 )
 # timm's `global_pool` -> keras_vit's classifier (and pooling).
 TIMM_POOLS = {"token": "token", "avg": "gap", "map": "map"}
@@ -283,7 +283,7 @@ def builder_kwargs(args):
         fc_norm=pooled == "avg" if a["fc_norm"] is None else bool(a["fc_norm"]),
         # timm's patch embedding has no bias under a pre-norm (CLIP).
         patch_bias=not a["pre_norm"], gelu=TIMM_GELUS[a["act_layer"]], layer_norm_epsilon=a["layer_norm_eps"],
-        qk_norm=bool(a["qk_norm"]),
+        qk_norm=bool(a["qk_norm"]), pool_include_prefix=bool(a["pool_include_prefix"]),
         representation_size=None, include_top=a["num_classes"] > 0,
     )
     if a["num_classes"] > 0:
@@ -423,6 +423,10 @@ def timm_args(model):
     else:
         global_pool = ""
     gelus = {keras_name: timm_name for timm_name, keras_name in TIMM_GELUS.items()}
+    # timm's average and attention pooling leave the class and register
+    # tokens out unless `pool_include_prefix`, an argument since timm 1.0.x:
+    # written only when needed.
+    include_prefix = global_pool in ("avg", "map") and parts.num_prefix_tokens > 0 and pool.num_prefix_tokens == 0
     return _EXPORT_ARCHITECTURES[block.layer_norm_epsilon], dict(
         img_size=list(parts.image_size), patch_size=parts.embedding_patch_size[0], embed_dim=parts.hidden_size,
         depth=parts.num_layers, num_heads=parts.num_heads, mlp_ratio=parts.mlp_dim / parts.hidden_size,
@@ -430,6 +434,7 @@ def timm_args(model):
         no_embed_class=parts.posemb_prefix_tokens == 0 and parts.num_prefix_tokens > 0,
         init_values=block.layer_scale_init, pre_norm=pre_norm, fc_norm="fc_norm" in names, qk_norm=block.qk_norm,
         global_pool=global_pool, num_classes=parts.num_classes or 0, act_layer=gelus[block.gelu],
+        **({"pool_include_prefix": True} if include_prefix else {}),
     )
 
 

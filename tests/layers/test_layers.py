@@ -24,6 +24,7 @@ LAYER_CASES = [
     (layers.ClassToken, dict(), (2, 5, 8)),
     (layers.AddPositionEmbedding, dict(), (2, 5, 8)),
     (layers.SequencePooling, dict(method="gap"), (2, 5, 8)),
+    (layers.AttentionPooling, dict(num_heads=2, mlp_dim=16, num_prefix_tokens=1), (2, 5, 8)),
     (layers.MlpBlock, dict(mlp_dim=16, dropout_rate=0.1), (2, 5, 8)),
     (
         layers.TransformerEncoderBlock,

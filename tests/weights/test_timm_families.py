@@ -32,6 +32,10 @@ FAMILIES = {
     "qk_norm": dict(qk_norm=True, init_values=1e-5),
     "siglip2_tanh": dict(class_token=False, global_pool="map", act_layer="gelu_tanh"),
     "features_only": dict(num_classes=0),
+    # Attention pooling with prefix tokens: timm leaves them out by default.
+    "map_class_token": dict(global_pool="map"),
+    "map_registers_included": dict(class_token=False, reg_tokens=1, global_pool="map", pool_include_prefix=True),
+    "gap_class_token_included": dict(global_pool="avg", pool_include_prefix=True),
 }
 
 
