@@ -55,11 +55,15 @@ def load_weights(
             f"Received: weights={weights!r}"
         )
     path = os.fspath(weights)
+    if not path.startswith(hub.HUB_PREFIX):
+        path = os.path.expanduser(path)
     if not path.endswith(".weights.h5"):
         _refuse_adapted(model, weights)
+    timm_files = (hub.WEIGHTS_NAME, hub.CONFIG_NAME, *hub.PICKLE_NAMES)
     if path.startswith(hub.HUB_PREFIX) or path.endswith(".safetensors") or (
-            os.path.isdir(path) and os.path.exists(os.path.join(path, hub.WEIGHTS_NAME))):
-        return hub.load_timm(model, path, interpolation or "bicubic_antialias")
+            os.path.isdir(path) and any(os.path.exists(os.path.join(path, name)) for name in timm_files)):
+        return hub.load_timm(model, path, interpolation or "bicubic_antialias", source_grid=source_grid,
+                             allow_nonfinite=allow_nonfinite)
     interpolation = interpolation or "linear"
     if path.endswith(".weights.h5"):
         return load_keras_weights(model, path, allow_nonfinite=allow_nonfinite)
@@ -82,6 +86,8 @@ def load_weights(
             raise refusals[-1]
         return plans[-1].apply(model)
     if not os.path.exists(path):
+        if path.endswith(".npz") or os.sep in path:
+            raise FileNotFoundError(f"Weights file not found. Received: weights={weights!r}")
         names = ", ".join(registry.NAMES)
         raise ValueError(
             "`weights` is neither an existing file nor a registered name "

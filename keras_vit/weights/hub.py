@@ -11,6 +11,8 @@ import json
 import logging
 import os
 
+import numpy as np
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 # The pickled weight files timm also publishes (timm/models/_hub.py).
@@ -50,8 +52,16 @@ def read_safetensors(path):
     """`{key: numpy array}` of a safetensors file; a damaged or truncated
     file is a ValueError naming it."""
     numpy_io = _require("safetensors.numpy")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"Weights file not found. Received: {path}")
+    if os.path.isdir(path):
+        raise ValueError(f"{path} is a directory, not a safetensors file. Received: {path}")
     try:
-        return dict(numpy_io.load_file(path))
+        arrays = numpy_io.load_file(path)
+        # bfloat16 (the Hub's usual half precision) comes as ml_dtypes'
+        # type, which numpy does not count as a float: float32, exactly.
+        return {key: value.astype(np.float32) if value.dtype.name == "bfloat16" else value
+                for key, value in arrays.items()}
     except Exception as error:  # safetensors raises its own error types
         raise ValueError(
             f"{path} is not a readable safetensors file ({type(error).__name__}: {error}); a download may "
@@ -145,12 +155,14 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
 
 
 def load_timm(model, source, interpolation="bicubic_antialias", revision=None, token=None, cache_dir=None,
-              local_files_only=False, check_numerics=True):
+              local_files_only=False, check_numerics=True, source_grid=None, allow_nonfinite=False):
     """Loads a timm checkpoint (`fetch`'s sources, or a `.safetensors` file)
     into an existing model, all or nothing (the state dict's keys and shapes
     are the check: `keras_vit.weights.timm.load_timm_state`; with
     `check_numerics`, also the GELU and epsilon of the checkpoint's config);
-    logs and returns the notes on what was adapted."""
+    logs and returns the notes on what was adapted. The checkpoint's patch
+    grid is `source_grid`, else its config's (`img_size` / `patch_size`),
+    else square."""
     from keras_vit.weights import timm as timm_format
 
     if os.fspath(source).endswith(".safetensors"):  # no config: the keys and shapes are the only check
@@ -159,14 +171,30 @@ def load_timm(model, source, interpolation="bicubic_antialias", revision=None, t
     else:
         config, weights, where = fetch(source, revision, token, cache_dir, local_files_only)
     try:
-        if config is not None and check_numerics:
-            _check_numerics(model, timm_format.builder_kwargs(timm_format.config_args(config)[0]))
-        notes = timm_format.load_timm_state(model, read_safetensors(weights), interpolation=interpolation)
+        recorded_grid = None
+        if config is not None:
+            args = timm_format.config_args(config)[0]
+            if check_numerics:
+                _check_numerics(model, timm_format.builder_kwargs(args))
+            recorded_grid = _config_grid(args)
+        notes = timm_format.load_timm_state(model, read_safetensors(weights), interpolation=interpolation,
+                                            source_grid=source_grid, allow_nonfinite=allow_nonfinite,
+                                            recorded_grid=recorded_grid)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     for note in notes:
         logger.info("%s: %s", where, note)
     return notes
+
+
+def _config_grid(args):
+    """The patch grid a timm config describes (`img_size` / `patch_size`), or
+    None where it does not say."""
+    size, patch = args.get("img_size"), args.get("patch_size")
+    if size is None or not isinstance(patch, int):
+        return None
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    return (size[0] // patch, size[1] // patch)
 
 
 def _check_numerics(model, expected):

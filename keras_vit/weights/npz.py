@@ -441,7 +441,7 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     for key, variable in targets.items():
         shape = tuple(variable.shape)
         if key not in arrays:
-            if key.startswith("head/") and (key not in members or members[key].shape != shape):
+            if key.startswith("head/"):
                 values[key] = _initial_value(model.get_layer("head"), key, shape)
             continue
         value = arrays[key]
@@ -477,8 +477,15 @@ def _check_headers(targets, members):
     """Problems, notes and the keys to read, from shapes and dtypes alone."""
     problems, notes, reads = [], [], []
     has_head = "head/kernel" in targets
+    # The head loads whole or not at all (the original `load_pretrained`
+    # re-initialises it when its kernel's shape differs).
+    head_fits = all(key in members and members[key].shape == tuple(variable.shape)
+                    for key, variable in targets.items() if key.startswith("head/"))
     for key, variable in targets.items():
         shape = tuple(variable.shape)
+        if key.startswith("head/") and not head_fits and key in members and members[key].shape == shape:
+            notes.append(f"`{key}` is re-initialised (zeros) with the rest of the head, which does not fit.")
+            continue
         if key not in members:
             if key.startswith("head/"):
                 notes.append(f"`{key}` is not in the checkpoint: initialised for fine-tuning.")

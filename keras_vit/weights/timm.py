@@ -144,22 +144,32 @@ def split_qkv(state):
     return out
 
 
-def _fit_posemb(value, variable, prefix, grid, interpolation, notes):
+def _fit_posemb(value, variable, prefix, grid, interpolation, notes, source_grid=None, recorded_grid=None):
     """timm's position embedding resampled to the model's `grid` (the
     `prefix` rows kept), as timm's `resample_abs_pos_embed` does
-    (antialiased bicubic by default; the checkpoint's grid is square)."""
+    (antialiased bicubic by default); the checkpoint's grid is `source_grid`,
+    else `recorded_grid` (its config's) where that holds its tokens, else
+    square."""
     from keras_vit.layers.position_embedding import infer_square_grid, resample_position_embedding
 
     if value.shape == tuple(variable.shape) or value.ndim != 3 or value.shape[2] != variable.shape[2]:
         return value
-    source_grid = infer_square_grid(value.shape[1] - prefix)
+    tokens = value.shape[1] - prefix
+    if source_grid is None and recorded_grid is not None and recorded_grid[0] * recorded_grid[1] == tokens:
+        source_grid = recorded_grid
+    if source_grid is None:
+        source_grid = infer_square_grid(tokens)
+    elif source_grid[0] * source_grid[1] != tokens:
+        raise ValueError(f"source_grid={tuple(source_grid)} does not hold the checkpoint's {tokens} grid tokens. "
+                         f"Received: source_grid={tuple(source_grid)}")
     notes.append(f"position embeddings resampled from a {source_grid[0]}x{source_grid[1]} to a "
                  f"{grid[0]}x{grid[1]} grid ({interpolation}).")
     return resample_position_embedding(value, grid, source_grid, num_prefix_tokens=prefix,
                                        interpolation=interpolation)
 
 
-def load_timm_state(model, state, interpolation="bicubic_antialias"):
+def load_timm_state(model, state, interpolation="bicubic_antialias", source_grid=None, allow_nonfinite=False,
+                    recorded_grid=None):
     """Loads a timm `VisionTransformer` state dict (`{key: numpy array}`)
     into `model`, all or nothing, and returns the notes on what was adapted.
 
@@ -170,6 +180,10 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
     `"linear"`). A checkpoint head of another size than the model's, or
     none, leaves the model's head as it is (zero when built: the paper's
     fine-tuning start); a model without a head ignores the checkpoint's.
+    `source_grid`: `(rows, cols)` of a non-square checkpoint's patch grid;
+    when None, `recorded_grid` (its config's) if it holds the grid's
+    tokens, else square. `allow_nonfinite`: load NaN or infinite values
+    instead of refusing them.
     """
     parts = anatomy(model)
     arrays = split_qkv(state)
@@ -192,7 +206,8 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
     if "pos_embed" in arrays and "pos_embed" in mapping and not (missing or unexpected):
         try:
             arrays["pos_embed"] = _fit_posemb(arrays["pos_embed"], mapping["pos_embed"][0],
-                                              parts.posemb_prefix_tokens, parts.grid, interpolation, notes)
+                                              parts.posemb_prefix_tokens, parts.grid, interpolation, notes,
+                                              source_grid, recorded_grid)
         except ValueError as error:
             wrong.append(f"pos_embed: {error}")
     kernel = arrays.get("patch_embed.proj.weight")
@@ -208,8 +223,10 @@ def load_timm_state(model, state, interpolation="bicubic_antialias"):
         value = layout(arrays[key])
         if tuple(value.shape) != tuple(variable.shape):
             wrong.append(f"{key}: {tuple(value.shape)} -> {tuple(variable.shape)} expected")
-        elif not np.issubdtype(value.dtype, np.floating) or not np.all(np.isfinite(value)):
-            wrong.append(f"{key}: not finite floats ({value.dtype})")
+        elif not np.issubdtype(value.dtype, np.floating):
+            wrong.append(f"{key}: not floats ({value.dtype})")
+        elif not allow_nonfinite and not np.all(np.isfinite(value)):
+            wrong.append(f"{key}: NaN or infinite values (pass allow_nonfinite=True to load them anyway)")
         converted[key] = value
     if missing or unexpected or wrong:
         lines = [f"missing: {', '.join(missing[:8])}" if missing else "",

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -264,6 +265,45 @@ def test_missing_and_damaged_files_are_named(tmp_path):
     (local / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a cut-short download
     with pytest.raises(ValueError, match="not a readable safetensors file"):
         keras_vit.from_timm(str(local))
+
+
+@pytest.mark.one_backend
+def test_bfloat16_non_square_and_non_finite_files(tmp_path):
+    """bfloat16 safetensors (the Hub's usual half precision) load, exactly
+    as float32 (they were refused as "not finite floats"); a non-square
+    checkpoint loads at another size from its config's grid; `source_grid`
+    and `allow_nonfinite` reach timm files as they reach `.npz` ones."""
+    from safetensors.numpy import load_file
+    from safetensors.torch import save_file
+
+    model = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=8,
+                          input_shape=(32, 48, 3), num_classes=5)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.3, tuple(variable.shape)).astype("float32"))
+    directory = Path(keras_vit.export_timm(model, tmp_path / "export"))
+    state = {key: torch.from_numpy(value) for key, value in load_file(str(directory / "model.safetensors")).items()}
+    save_file({key: value.bfloat16() for key, value in state.items()}, str(tmp_path / "bf16.safetensors"))
+    rounded = {key: value.bfloat16().float().numpy() for key, value in state.items()}
+    half = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=8,
+                         input_shape=(32, 48, 3), num_classes=5)
+    keras_vit.load_weights(half, str(tmp_path / "bf16.safetensors"))
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(half.get_layer("head").kernel),
+                                  rounded["head.weight"].T)
+    bigger = keras_vit.from_timm(str(directory), input_shape=(64, 64, 3))  # the 4 x 6 grid, from config.json
+    assert bigger.get_layer("posembed_input").pos_embedding.shape == (1, 65, 32)
+    square = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=8,
+                           input_shape=(64, 64, 3), num_classes=5)
+    with pytest.raises(ValueError, match=r"source_grid=\(5, 5\) does not hold the checkpoint's 24 grid tokens"):
+        keras_vit.load_weights(square, str(directory / "model.safetensors"), source_grid=(5, 5))
+    notes = keras_vit.load_weights(square, str(directory / "model.safetensors"), source_grid=(4, 6))
+    assert notes == ["position embeddings resampled from a 4x6 to a 8x8 grid (bicubic_antialias)."]
+    state["norm.weight"][0] = float("nan")
+    save_file(state, str(tmp_path / "nan.safetensors"))
+    with pytest.raises(ValueError, match="norm.weight: NaN or infinite values"):
+        keras_vit.load_weights(half, str(tmp_path / "nan.safetensors"))
+    keras_vit.load_weights(half, str(tmp_path / "nan.safetensors"), allow_nonfinite=True)
+    assert np.isnan(keras.ops.convert_to_numpy(half.get_layer("encoder_norm").gamma)[0])
 
 
 @pytest.mark.one_backend

@@ -249,11 +249,21 @@ def test_pickled_arrays_are_never_loaded(tmp_path):
         tiny(weights=str(tmp_path / "pickle.npz"))
 
 
-def test_missing_file_and_unknown_name():
-    with pytest.raises(ValueError, match="weights='nope.npz'"):
-        tiny(weights="nope.npz")
-    with pytest.raises(FileNotFoundError, match="weights='missing.weights.h5'"):
-        tiny(weights="missing.weights.h5")
+def test_missing_file_and_unknown_name(tmp_path, monkeypatch):
+    for missing in ("nope.npz", "missing.weights.h5", "checkpoints/nope", "nope.safetensors"):
+        with pytest.raises(FileNotFoundError, match=missing):
+            tiny(weights=missing)
+    with pytest.raises(ValueError, match="neither an existing file nor a registered name.*weights='imagenet22k'"):
+        tiny(weights="imagenet22k")
+    # `~` is the user's home, as in a shell.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    keras_vit.export_npz(randomize_weights(tiny()), tmp_path / "home.npz")
+    tiny(weights="~/home.npz")
+    # A directory of timm's pickled weights is named as such.
+    (tmp_path / "pickled").mkdir()
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match="only PyTorch pickle weights"):
+        tiny(weights=str(tmp_path / "pickled"))
 
 
 def test_h5_of_another_variant_leaves_the_model_unchanged(tmp_path):
@@ -536,8 +546,10 @@ def test_pre_logits_rules(tmp_path):
     notes = keras_vit.load_weights(model, without)
     assert any("pre_logits/kernel" in n and "freshly" in n for n in notes)
     np.testing.assert_array_equal(model.get_layer("pre_logits").kernel.numpy(), fresh)
-    # The head (8 -> 5 vs 16 -> 5) does not fit after a representation layer.
-    assert any("head/kernel" in n for n in notes)
+    # The head (8 -> 5 vs 16 -> 5) does not fit after a representation layer:
+    # re-initialised whole, its bias too (the bias alone was loaded before).
+    assert any("head/kernel" in n for n in notes) and any("head/bias" in n and "re-initialised" in n for n in notes)
+    np.testing.assert_array_equal(model.get_layer("head").bias.numpy(), 0.0)
 
 
 def test_resolution_change_is_logged_and_resamples(tmp_path, caplog):
