@@ -185,11 +185,12 @@ def anatomy(model):
     head = model.get_layer("head") if "head" in layer_names else None
     first_block = model.get_layer(names[0])
     # The token sequence's last layer: `encoder_norm`, or the last block for
-    # a model that normalises after pooling (`fc_norm`).
-    if "fc_norm" in layer_names:
-        last = model.get_layer(names[-1])
-    else:
+    # a model that normalises after pooling (`fc_norm=True`; its features
+    # without pooling have no norm layer at all).
+    if "encoder_norm" in layer_names:
         last = get_layer(model, "encoder_norm")
+    else:
+        last = model.get_layer(names[-1])
     resnet, resnet_width = _resnet(model)
     return ModelAnatomy(
         image_size=(height, width),

@@ -10,9 +10,13 @@ import keras_vit
 from tests.helpers import MODEL_KINDS, random_images, randomize_weights, tiny_model
 
 
-@pytest.mark.parametrize("kind", ["plain", "registers", "root_only"])
+@pytest.mark.parametrize("kind", ["plain", "registers", "root_only", "fc_norm"])
 def test_feature_maps_are_the_patch_tokens_as_a_grid(kind, tmp_path):
+    """`fc_norm`: a model that normalises after pooling has no norm layer on
+    its token sequence (refused as "not a keras_vit ViT" before)."""
     overrides = {} if kind == "root_only" else dict(include_top=False, pooling=None, classifier="token")
+    if kind == "fc_norm":
+        kind, overrides = "plain", dict(overrides, fc_norm=True)
     model = randomize_weights(tiny_model(kind, **overrides))
     maps = keras_vit.feature_maps(model)
     images = random_images(model)

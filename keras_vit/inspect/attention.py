@@ -11,7 +11,7 @@ path, for inference and training.
 import keras
 import numpy as np
 
-from keras_vit.layers import TransformerEncoderBlock
+from keras_vit.layers import ImageSizeCheck, TransformerEncoderBlock
 from keras_vit.anatomy import anatomy
 
 
@@ -131,14 +131,20 @@ def attention_model(model, blocks=None):
 
 
 def check_images(model, images):
-    """`images` as a numpy array, checked against the model's input shape."""
+    """`images` as a numpy array, checked against the model's input shape
+    before any step runs: on JAX, a Keras `predict` that fails in its first
+    step leaves the variables it shares with `model` empty."""
     images = keras.ops.convert_to_numpy(images)
     expected = tuple(model.inputs[0].shape[1:])  # None: any size (a dynamic-size model)
-    if images.ndim != 4 or any(e is not None and e != s for e, s in zip(expected, images.shape[1:])):
+    if images.ndim != 4 or not len(images) or any(
+            e is not None and e != s for e, s in zip(expected, images.shape[1:])):
         raise ValueError(
-            f"`images` must have shape (batch, {', '.join(map(str, expected))}) "
+            f"`images` must have shape (batch, {', '.join(map(str, expected))}) with a batch of at least one "
             f"for this model. Received: images.shape={images.shape}"
         )
+    for layer in model.layers:  # the patch grid of a dynamic-size model
+        if isinstance(layer, ImageSizeCheck):
+            layer.check_shape(images.shape)
     return images
 
 

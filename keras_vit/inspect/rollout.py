@@ -69,18 +69,21 @@ def attention_rollout(attentions, head_fusion="mean", add_residual=True):
     return rollout[0] if squeeze else rollout
 
 
-def rollout_to_grid(rollout, grid, num_prefix_tokens=1, source=None, normalize=True):
+def rollout_to_grid(rollout, grid, num_prefix_tokens=1, source=None, normalize=True, class_token=None):
     """The rolled-out attention from the output token to the patch grid.
 
     Args:
         rollout: `(batch, T, T)` from `attention_rollout`.
         grid: `(rows, cols)` of the patch grid.
-        num_prefix_tokens: tokens before the grid (1 for a class token).
+        num_prefix_tokens: tokens before the grid (class and register tokens).
         source: `"token"` (the class token's row, token 0; the default when
-            there is a prefix token) or `"mean"` (the mean of all rows, the
-            default for global-average-pooled models, whose output is the
-            mean of the tokens).
+            there is a class token) or `"mean"` (the mean of the patches'
+            rows, the default for average-pooled models, whose output is
+            the mean of the patch tokens).
         normalize: divide each map by its maximum, as the paper's figure.
+        class_token: whether token 0 is a class token; None (default): when
+            there is a prefix token (registers without a class token need
+            False).
 
     Returns:
         float64 array `(batch, rows, cols)`.
@@ -94,16 +97,18 @@ def rollout_to_grid(rollout, grid, num_prefix_tokens=1, source=None, normalize=T
             f"`rollout` must have shape (batch, T, T) with T = {num_prefix_tokens} "
             f"prefix token(s) + {rows}x{cols} patches. Received: rollout.shape={rollout.shape}"
         )
+    if class_token is None:
+        class_token = num_prefix_tokens > 0
     if source is None:
-        source = "token" if num_prefix_tokens else "mean"
+        source = "token" if class_token else "mean"
     if source not in SOURCES:
         raise ValueError(f"`source` must be one of {SOURCES}. Received: source={source!r}")
-    if source == "token" and not num_prefix_tokens:
+    if source == "token" and not class_token:
         raise ValueError(
             "`source='token'` needs a class token but the model has none (a "
             "global-average-pooled model); use source='mean'. Received: source='token'"
         )
-    row = rollout[:, 0] if source == "token" else rollout.mean(axis=1)
+    row = rollout[:, 0] if source == "token" else rollout[:, num_prefix_tokens:].mean(axis=1)
     maps = row[:, num_prefix_tokens:].reshape(-1, rows, cols)
     if normalize:
         peak = maps.max(axis=(1, 2), keepdims=True)
@@ -157,7 +162,8 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
     grid_maps = []
     for attentions in attention_batches(model, images, batch_size):
         rollout = attention_rollout(attentions, head_fusion=head_fusion)
-        grid_maps.append(rollout_to_grid(rollout, grid, geo.num_prefix_tokens, source))
+        grid_maps.append(rollout_to_grid(rollout, grid, geo.num_prefix_tokens, source,
+                                         class_token=geo.has_class_token))
     grid_maps = np.concatenate(grid_maps)
     image_maps = np.clip(upsample_maps(grid_maps, images.shape[1:3]), 0.0, 1.0)
     return grid_maps, image_maps

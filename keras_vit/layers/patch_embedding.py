@@ -189,26 +189,37 @@ class ImageSizeCheck(keras.layers.Layer):
         self.stride = normalize_pair(stride, "stride")
         self.image_size = None if image_size is None else normalize_pair(image_size, "image_size")
 
+    def check_shape(self, shape):
+        """Raises the `ValueError` of a call on images of `shape`, for the
+        sides it knows (e.g. before Keras' `predict`, which a failed first
+        step leaves the model's variables empty after on JAX)."""
+        expected = self.image_size or (None, None)
+        for what, side, stride, size in zip(("height", "width"), shape[1:3], self.stride, expected):
+            if not isinstance(side, int):
+                continue
+            if size is not None and side != size:
+                raise ValueError(
+                    f"The image {what} must be {size}: this model takes images of {self.image_size[0]}x"
+                    f"{self.image_size[1]} pixels. Resize the images, or build the model with "
+                    "input_shape=(None, None, 3) to take any multiple of the patch size. "
+                    f"Received: images of shape {tuple(shape)}"
+                )
+            if side % stride or side == 0:
+                raise ValueError(
+                    f"The image {what} must be a positive multiple of {stride}, the pixels of one patch "
+                    "of this model (for a hybrid: the ResNet stem's stride times the patch size). "
+                    f"Received: images of shape {tuple(shape)}"
+                )
+
     def call(self, images):
         shape = ops.shape(images)
+        self.check_shape(tuple(images.shape))
         checks = []
         expected = self.image_size or (None, None)
         for what, side, stride, size in zip(("height", "width"), shape[1:3], self.stride, expected):
-            if isinstance(side, int):
-                if size is not None and side != size:
-                    raise ValueError(
-                        f"The image {what} must be {size}: this model takes images of {self.image_size[0]}x"
-                        f"{self.image_size[1]} pixels. Resize the images, or build the model with "
-                        "input_shape=(None, None, 3) to take any multiple of the patch size. "
-                        f"Received: images of shape {tuple(images.shape)}"
-                    )
-                if side % stride or side == 0:
-                    raise ValueError(
-                        f"The image {what} must be a positive multiple of {stride}, the pixels of one patch "
-                        "of this model (for a hybrid: the ResNet stem's stride times the patch size). "
-                        f"Received: images of shape {tuple(images.shape)}"
-                    )
-            elif size is None:
+            if isinstance(side, int):  # checked above
+                continue
+            if size is None:
                 checks.append(ops.sum(ops.reshape(ops.zeros((side,), images.dtype), (-1, stride))))
             else:
                 along = (1, size, 1, 1) if what == "height" else (1, 1, size, 1)

@@ -135,6 +135,20 @@ def test_bad_arguments(plain):
         vi.geometry(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]))
 
 
+def test_bad_images_are_refused_before_any_step_and_the_model_still_works():
+    """On JAX, a `predict` that failed in its first step (30 px for patches
+    of 8, an empty batch) left the variables the probe shares with the
+    user's model empty: every later call of the model failed."""
+    model = randomize_weights(tiny_model("plain", input_shape=(None, None, 3), image_size=32))
+    images = _images((32, 32, 3))
+    expected = keras.ops.convert_to_numpy(model(images))
+    with pytest.raises(ValueError, match=r"multiple of 8.*\(3, 30, 32, 3\)"):
+        vi.attention_weights(model, images[:, :30])
+    with pytest.raises(ValueError, match=r"a batch of at least one.*\(0, 32, 32, 3\)"):
+        vi.attention_weights(model, images[:0])
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(images)), expected)
+
+
 # --- rollout -------------------------------------------------------------------
 
 
@@ -184,6 +198,13 @@ def test_rollout_to_grid_token_and_mean():
     np.testing.assert_allclose(vi.rollout_to_grid(gap, (1, 2), 0, normalize=False), [[[0.75, 0.25]]])
     with pytest.raises(ValueError, match="source='token'"):
         vi.rollout_to_grid(gap, (1, 2), 0, source="token")
+    # Registers without a class token (a gap model): the patches' rows, not
+    # register 0's row (taken before).
+    registers = np.array([[[0.0, 1.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]]])
+    np.testing.assert_allclose(vi.rollout_to_grid(registers, (1, 2), 1, normalize=False, class_token=False),
+                               [[[0.5, 0.5]]])
+    with pytest.raises(ValueError, match="source='token'"):
+        vi.rollout_to_grid(registers, (1, 2), 1, source="token", class_token=False)
     # Upsampling a constant map keeps it; a 1x2 map ramps between the centres.
     np.testing.assert_allclose(vi.upsample_maps(np.ones((1, 2, 3)), (8, 12)), 1.0)
     ramp = vi.upsample_maps(np.array([[[0.0, 1.0]]]), (1, 4))
