@@ -3,7 +3,7 @@
 A bad value is an expected failure (`RecipeError`: one `error:` line naming
 the flag and the value) raised before any data is read or model built; the
 library's own checks are used where they exist. Also here: the library's
-defaults filled in (`library=` fields), the seeds, dtype policy and
+defaults filled in (`library=` fields), the determinism switch, dtype policy and
 distribution (`set_up`).
 """
 
@@ -242,15 +242,15 @@ def inherited_dropout_warning(config):
 
 
 def set_up(config):
-    """Seeds, dtype policy and the distribution, its replicas checked
-    against the batches; returns the `keras_vit.distribute.DistributionSetup`."""
+    """Determinism, dtype policy and the distribution, its replicas checked
+    against the batches (each training run seeds itself: `train.train`);
+    returns the `keras_vit.distribute.DistributionSetup`."""
     import keras
 
     from keras_vit import distribute
 
     if config.deterministic:  # docs/recipes.md, "Reproducible runs"
         distribute.enable_determinism()
-    keras.utils.set_random_seed(config.seed)
     try:
         keras.config.set_dtype_policy(config.dtype_policy)
     except ValueError as error:

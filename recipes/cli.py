@@ -101,6 +101,11 @@ def _show(value):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kwargs):
+        # No abbreviations: `--conf=cifar100` would name the run cifar100 and
+        # train the default config (`_prescan` sees whole flags only).
+        super().__init__(allow_abbrev=False, **kwargs)
+
     def error(self, message):
         # One line, as every other expected failure.
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
@@ -116,11 +121,12 @@ def _prescan(argv, prog):
             name = argv[i + 1]
         elif token.startswith("--config="):
             name = token.split("=", 1)[1]
-        elif token == "--smoke":
-            smoke = True
-        elif token.startswith("--smoke="):
+        elif token == "--smoke" or token.startswith("--smoke="):
+            # A value as argparse reads it: `--smoke=false`, `--smoke false`.
+            value = token.split("=", 1)[1] if "=" in token else (
+                argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else True)
             try:
-                smoke = parse_bool(token.split("=", 1)[1])
+                smoke = parse_bool(value)
             except argparse.ArgumentTypeError as e:
                 _Parser(prog=prog).error(f"argument --smoke: {e}")
     return name, smoke

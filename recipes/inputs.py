@@ -9,9 +9,11 @@ evaluation batches are padded to full weighted batches (`pad_to_batch`).
 import collections
 import contextlib
 import os
+import re
 
 from recipes import checks
 from recipes.cli import RecipeError
+from recipes.cli import one_line
 from recipes.configs import AUGREG
 from recipes.configs import MppConfig
 
@@ -22,8 +24,15 @@ Data = collections.namedtuple(
     "Data", "train eval num_classes input_shape train_examples line description eval_label")
 
 
+# A tfds name, with its config and version (`eurosat/rgb:2.*.*`).
+_TFDS_NAME = re.compile(r"^[a-z][a-z0-9_]*(/[a-z0-9_.]+)?(:[0-9.*]+)?$")
+
+
 def _is_folder(dataset):
-    return os.sep in dataset or dataset.startswith((".", "~", "gs://")) or os.path.isdir(dataset)
+    if os.path.isdir(os.path.expanduser(dataset)) or dataset.startswith((".", "~", "gs://", os.sep)):
+        return True
+    # `name/config` is a tfds name, unless `name` is a folder here.
+    return "/" in dataset and (not _TFDS_NAME.match(dataset) or os.path.isdir(dataset.split("/")[0]))
 
 
 def load_source(config, split, class_names=None):
@@ -46,6 +55,9 @@ def load_source(config, split, class_names=None):
                               manual_dir=config.manual_dir)
     except data.DatasetNotAvailableError as error:
         raise RecipeError(str(error)) from None
+    except ValueError as error:  # an unknown name, a bad split
+        raise RecipeError(f"--dataset={dataset}, split {split!r}: {one_line(error, details=0)} (a folder? "
+                          f"there is none at {os.path.abspath(dataset)})") from None
 
 
 def _describe(label, split, source):

@@ -98,6 +98,9 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
         return finished
     start = time.perf_counter()
     os.makedirs(run_dir, exist_ok=True)
+    # Every run from the config's seed: a sweep's trials and final run (and
+    # a resumed sweep's) do not depend on what trained before them.
+    keras.utils.set_random_seed(config.seed)
     # Data: training batches repeat; evaluation batches are padded to full
     # weighted batches (weight-0 rows), one static shape.
     data = inputs.load_data(config, run_dir)

@@ -124,6 +124,14 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
     # taken as the value of --smoke).
     _, config, smoke = finetune.parse(["--smoke", '--model_overrides={"a": 1}'])
     assert smoke and config.model_overrides == {"a": 1}
+    # `--smoke false` is no smoke run (it took the smoke settings with the real data).
+    _, config, smoke = finetune.parse(["--smoke", "false"])
+    assert not smoke and config.image_size == 384
+    # No abbreviations: `--conf=cifar100` named the run cifar100 and trained the default config.
+    for abbreviated in (["--conf=cifar100"], ["--smok"], ["--learning_r=0.5"]):
+        with pytest.raises(SystemExit):
+            finetune.parse(abbreviated)
+        assert "unrecognized arguments" in capsys.readouterr().err
 
     with pytest.raises(SystemExit):
         finetune.parse(["--help"])
@@ -599,6 +607,31 @@ def test_sweep_trains_the_best_lr_on_the_full_split(tmp_path, monkeypatch):
     assert summary["learning_rate"] == 0.003 and [s["val_accuracy"] for s in summary["sweep"]] == [0.5, 0.75, 0.75, 0.25]
 
 
+@pytest.mark.one_backend
+def test_every_training_run_starts_from_the_configs_seed(tmp_path, monkeypatch):
+    """A sweep's trials and final run (and a resumed sweep's) drew their
+    initial weights from wherever the previous run left the random state:
+    the final run differed from a plain run of the same config."""
+    draws = []
+
+    class Stop(Exception):
+        pass
+
+    def first_step_of_a_run(config, run_dir):
+        draws.append(np.random.rand(3))
+        raise Stop
+
+    monkeypatch.setattr(inputs, "load_data", first_step_of_a_run)
+    config = finetune.RECIPE.get_config(smoke=True)
+    for run in ("a", "b"):
+        np.random.rand(5)  # what an earlier run consumed
+        with pytest.raises(Stop):
+            train.train(config, str(tmp_path / run), setup=None)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    # tfds names may carry a config and a version (they were taken for folders).
+    assert not inputs._is_folder("eurosat/rgb:2.*.*") and inputs._is_folder(str(tmp_path))
+
+
 # ---------------------------------------------------------------------------
 # Run directories (issue 21): a recipe writes only into a new or empty
 # directory or its own run, and deletes only what it wrote, never under a
@@ -926,6 +959,9 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     assert "--model=ViT-Q_99" in _error(finetune.main, ["--smoke", run, "--model=ViT-Q_99"], capsys)
     assert "no folder" in _error(
         pretrain.main, ["--smoke", run, f"--dataset={tmp_path / 'missing'}", "--train_split=train"], capsys)
+    # An unknown tfds name (a traceback and tfds' list of every dataset before).
+    assert "--dataset=no_such_dataset_xyz, split 'train[:98%]'" in _error(
+        finetune.main, ["--smoke", f"--run_dir={tmp_path / 'tfds'}", "--dataset=no_such_dataset_xyz"], capsys)
     assert "--distribution=nope" in _error(finetune.main, ["--smoke", run, "--distribution=nope"], capsys)
     assert "--weights=" in _error(
         finetune.main, ["--smoke", run, f"--weights={tmp_path / 'missing.npz'}"], capsys)
