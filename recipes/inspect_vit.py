@@ -113,7 +113,8 @@ def run(config, config_name=None, smoke=False):
         print("No --weights: the figures show an untrained (randomly initialised) model.")
     written = vit_inspect.write_figures(
         model,
-        keras_vit.preprocess_input(uint8),
+        # Pixels for a model that preprocesses them itself.
+        uint8.astype("float32") if vit_inspect.takes_pixels(model) else keras_vit.preprocess_input(uint8),
         config.run_dir,
         image_format=config.format,
         rollout_images=min(config.rollout_images, len(uint8)),

@@ -40,7 +40,7 @@ from keras_vit.inspect.posemb import (
     plot_posemb_similarity,
     posemb_similarity,
 )
-from keras_vit.inspect.report import load_image_folder, write_figures
+from keras_vit.inspect.report import load_image_folder, takes_pixels, write_figures
 # Where the tokens sit on the image: the model's anatomy, under the name the
 # analyses use.
 from keras_vit.anatomy import ModelAnatomy as Geometry
@@ -75,6 +75,7 @@ __all__ = [
     "posemb_similarity",
     "rollout_maps",
     "rollout_to_grid",
+    "takes_pixels",
     "upsample_maps",
     "write_figures",
 ]

@@ -86,6 +86,14 @@ def _load_rgb(path):
             ) from None
 
 
+def takes_pixels(model):
+    """Whether `model` takes pixels in [0, 255] (it was built with
+    `include_preprocessing=True`) rather than images in [-1, 1]."""
+    from keras_vit.layers import PreprocessInput
+
+    return any(isinstance(layer, PreprocessInput) for layer in model.layers)
+
+
 def write_figures(model, images, directory, image_format="png", rollout_images=4,
                   num_components=28, titles=None, batch_size=32):
     """Writes the paper's inspection figures for `model` into `directory`.
@@ -98,7 +106,9 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
 
     Args:
         model: a keras_vit model (plain or hybrid).
-        images: `(B, H, W, 3)` in [-1, 1], at the model's input size.
+        images: `(B, H, W, 3)` in the model's input range ([-1, 1]; pixels
+            in [0, 255] for a model with `include_preprocessing=True`, see
+            `takes_pixels`), at the model's input size.
         directory: output folder (created if needed).
         image_format: `"png"`, `"svg"` or `"pdf"`.
         rollout_images: how many images the rollout figure shows.
@@ -128,7 +138,10 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
 
     shown = slice(0, rollout_images)
     grid_maps, image_maps = rollout_maps(model, images[shown], batch_size=batch_size)
-    plot_rollout(images[shown], image_maps, path("rollout"),
+    # The figure shows images in [-1, 1]; a model that preprocesses inside
+    # (`include_preprocessing=True`) takes pixels in [0, 255].
+    shown_images = images[shown] / 127.5 - 1.0 if takes_pixels(model) else images[shown]
+    plot_rollout(shown_images, image_maps, path("rollout"),
                  titles=None if titles is None else list(titles)[shown])
     written["rollout"] = path("rollout")
     arrays["rollout_grid_maps"] = grid_maps

@@ -361,6 +361,20 @@ def test_recipe_writes_figures(plain, tmp_path):
     with np.load(written["arrays"]) as arrays:
         np.testing.assert_allclose(arrays["posemb_similarity"], vi.model_posemb_similarity(plain),
                                    atol=1e-6)
+        expected = dict(arrays)
+    # The same model taking pixels (`include_preprocessing=True`): the same
+    # figures (its images were preprocessed twice before).
+    pixels = keras_vit.ViT(None, patch_size=8, input_shape=(16, 24, 3), num_classes=3, include_preprocessing=True,
+                           **TINY)
+    pixels.set_weights(plain.get_weights())
+    assert vi.takes_pixels(pixels) and not vi.takes_pixels(plain)
+    pixels.save(str(tmp_path / "pixels.keras"))
+    again = recipe["main"]([f"--model={tmp_path / 'pixels.keras'}", f"--images={folder}",
+                            f"--run_dir={tmp_path / 'pixels'}"])
+    with np.load(again["arrays"]) as arrays:
+        assert sorted(arrays) == sorted(expected)
+        for key in expected:
+            np.testing.assert_allclose(arrays[key], expected[key], rtol=1e-5, atol=1e-5, err_msg=key)
     images, names = vi.load_image_folder(folder, (16, 24))
     assert images.shape == (3, 16, 24, 3) and images.dtype == np.uint8
     assert names == ["a.png", "b.jpg", os.path.join("c", "d.png")]
