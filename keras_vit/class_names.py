@@ -15,6 +15,8 @@ import os
 import keras
 import numpy as np
 
+from keras_vit.layers.utils import is_int
+
 IMAGENET2012_CLASSES = 1000
 IMAGENET21K_CLASSES = 21843
 IMAGENET21K_NAMES_URL = "https://storage.googleapis.com/bit_models/imagenet21k_wordnet_lemmas.txt"
@@ -138,13 +140,15 @@ def decode_predictions(predictions, top=5, class_names=None):
             "`predictions` must have shape (batch, classes). "
             f"Received: predictions with shape {scores.shape}"
         )
+    if scores.dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):  # ml_dtypes' floats (mixed precision)
+        scores = scores.astype(np.float32)
     if scores.dtype == bool or not np.issubdtype(scores.dtype, np.number):
         raise ValueError(
             "`predictions` must be numbers (logits, probabilities, or the "
             f"integer scores of a quantized head). Received: predictions of dtype {scores.dtype}"
         )
     num_classes = scores.shape[1]
-    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+    if not is_int(top) or top < 1:
         raise ValueError(f"`top` must be a positive int. Received: top={top!r}")
     names = _class_names(class_names, num_classes)
     # Highest first; stable: equal scores keep the class order. Integer

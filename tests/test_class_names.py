@@ -58,6 +58,9 @@ def test_decode_predictions_top_k_order_and_ties():
     probs = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
     assert [c for c, _, _ in keras_vit.decode_predictions(probs)[0]] == [207, 1, 999, 0, 2]
     assert keras_vit.decode_predictions(probs)[0][0][2] == pytest.approx(float(probs[0, 207]))
+    # A mixed_bfloat16 head's scores and a numpy `top` (both refused before).
+    half = keras.ops.convert_to_numpy(keras.ops.cast(logits, "bfloat16"))
+    assert keras_vit.decode_predictions(half, top=np.int64(3)) == decoded
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "int8", "int32", "int64", "uint64"])

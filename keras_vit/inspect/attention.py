@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from keras_vit.layers import ImageSizeCheck, TransformerEncoderBlock
+from keras_vit.layers.utils import is_int
 from keras_vit.anatomy import anatomy
 
 
@@ -73,12 +74,9 @@ class AttentionProbe(keras.layers.Layer):
 def _check_blocks(blocks, num_layers):
     if blocks is None:
         return list(range(num_layers))
-    given = [blocks] if isinstance(blocks, int) and not isinstance(blocks, bool) else blocks
-    try:
-        ok = all(isinstance(b, int) and not isinstance(b, bool) for b in given)
-        chosen = [int(b) for b in given] if ok else []
-    except TypeError:
-        chosen, ok = [], False
+    given = [blocks] if is_int(blocks) else blocks
+    ok = isinstance(given, (list, tuple, range, np.ndarray)) and all(is_int(b) for b in given)
+    chosen = [int(b) for b in given] if ok else []
     # Negative indices count from the last block, as in Python.
     chosen = [b + num_layers if b < 0 else b for b in chosen]
     if not ok or not chosen or not all(0 <= b < num_layers for b in chosen):
@@ -149,8 +147,9 @@ def check_images(model, images):
 
 
 def _check_batch_size(batch_size):
-    if not isinstance(batch_size, int) or batch_size <= 0:
+    if not is_int(batch_size) or batch_size <= 0:
         raise ValueError(f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}")
+    return int(batch_size)  # PyTorch's data loader takes Python ints only
 
 
 def attention_batches(model, images, batch_size=32):
@@ -161,7 +160,7 @@ def attention_batches(model, images, batch_size=32):
     `(layers, b, heads, T, T)` for the next `b <= batch_size` images.
     """
     images = check_images(model, images)
-    _check_batch_size(batch_size)
+    batch_size = _check_batch_size(batch_size)
     probe = attention_model(model)
     names = block_names(model)
     for start in range(0, len(images), batch_size):
@@ -186,7 +185,7 @@ def attention_weights(model, images, blocks=None, batch_size=32):
         batch instead.
     """
     images = check_images(model, images)
-    _check_batch_size(batch_size)
+    batch_size = _check_batch_size(batch_size)
     names = block_names(model)
     chosen = _check_blocks(blocks, len(names))
     probe = attention_model(model, chosen)

@@ -53,7 +53,7 @@ def _distance_sums(attentions, distances, num_prefix_tokens, renormalize):
     weights = attentions[..., num_prefix_tokens:, num_prefix_tokens:]
     mass = weights.sum(axis=-1)
     per_query = np.einsum("lbhqk,qk->lbhq", weights, distances)
-    valid = mass > 0
+    valid = ~(mass <= 0)  # NaN counts, and propagates: non-finite attention is not silently 0
     if renormalize:
         per_query = np.divide(per_query, mass, out=np.zeros_like(per_query), where=valid)
     return np.where(valid, per_query, 0.0).sum(axis=(1, 3)), valid.sum(axis=(1, 3))

@@ -11,6 +11,7 @@ import numpy as np
 
 from keras_vit.inspect import plotting
 from keras_vit.anatomy import anatomy, get_layer
+from keras_vit.layers.utils import is_int
 
 
 def filter_components(kernel, num_components=28, center=True):
@@ -41,11 +42,7 @@ def filter_components(kernel, num_components=28, center=True):
     ph, pw, channels, hidden = kernel.shape
     samples = kernel.reshape(ph * pw * channels, hidden).T
     limit = max_components(kernel.shape, center)
-    if (
-        not isinstance(num_components, int)
-        or isinstance(num_components, bool)
-        or not 1 <= num_components <= limit
-    ):
+    if not is_int(num_components) or not 1 <= num_components <= limit:
         raise ValueError(
             f"`num_components` must be an int in [1, {limit}] for this kernel "
             f"({hidden} filters{', centred' if center else ''}, "
@@ -115,7 +112,7 @@ def plot_filters(components, path=None, columns=7, explained=None,
             "`components` must have shape (k, height, width, 3). "
             f"Received: components.shape={components.shape}"
         )
-    if not isinstance(columns, int) or columns <= 0:
+    if not is_int(columns) or columns <= 0:
         raise ValueError(f"`columns` must be a positive int. Received: columns={columns!r}")
     count = len(components)
     columns = min(columns, count)

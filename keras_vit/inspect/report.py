@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from keras_vit.anatomy import anatomy
+from keras_vit.layers.utils import is_int, normalize_pair
 from keras_vit.inspect.distance import model_attention_distance, plot_attention_distance
 from keras_vit.inspect.filters import (
     embedding_filter_components,
@@ -42,6 +43,11 @@ def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSI
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         raise ValueError(f"`directory` is not a folder. Received: directory={directory!r}")
+    height, width = normalize_pair(size, "size")
+    if max_images is not None and (not is_int(max_images) or max_images <= 0):
+        raise ValueError(f"`max_images` must be None or a positive int. Received: max_images={max_images!r}")
+    if isinstance(extensions, str):
+        extensions = (extensions,)
     paths = sorted(
         os.path.join(root, name)
         for root, _, files in os.walk(directory)
@@ -54,7 +60,6 @@ def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSI
         raise ValueError(
             f"No image files ({', '.join(extensions)}) in the folder. Received: directory={directory!r}"
         )
-    height, width = (int(s) for s in size)
     images = []
     for path in paths:
         image = _load_rgb(path)
@@ -123,7 +128,7 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
     """
     if image_format not in FORMATS:
         raise ValueError(f"`image_format` must be one of {FORMATS}. Received: image_format={image_format!r}")
-    if not isinstance(rollout_images, int) or rollout_images <= 0:
+    if not is_int(rollout_images) or rollout_images <= 0:
         raise ValueError(
             f"`rollout_images` must be a positive int. Received: rollout_images={rollout_images!r}"
         )

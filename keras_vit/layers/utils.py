@@ -15,9 +15,14 @@ def patch_grid(images, stride):
     return shape[1] // stride[0], shape[2] // stride[1]
 
 
+def is_int(value):
+    """An integer: Python's or numpy's (sizes often come from arrays); not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def normalize_pair(value, name):
     """Returns `value` as a tuple of two positive ints (an int is repeated)."""
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         value = (value, value)
     try:
         pair = tuple(int(v) for v in value)

@@ -1,13 +1,11 @@
 """Functional ViT models in the keras.applications idiom."""
 
-import numbers
-
 import keras
 
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
-from keras_vit.layers.utils import check_rate, is_real, normalize_pair
+from keras_vit.layers.utils import check_rate, is_int, is_real, normalize_pair
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.weights import load_weights
 from keras_vit import variants
@@ -38,13 +36,8 @@ EXTRA_FIELDS = dict(
 )
 
 
-def _is_int(value):
-    # NumPy integers count (sizes often come from arrays); bools do not.
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _positive_int(value, name):
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
     return int(value)
 
@@ -59,7 +52,7 @@ def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
         shape = tuple(input_shape)
     except TypeError:
         shape = ()
-    if len(shape) != 3 or not all((_is_int(s) and s > 0) or (s is None and i < 2) for i, s in enumerate(shape)):
+    if len(shape) != 3 or not all((is_int(s) and s > 0) or (s is None and i < 2) for i, s in enumerate(shape)):
         raise ValueError(
             "`input_shape` must be a tuple of 3 positive ints (height, width, "
             "channels); height and width may be None for a model that takes "
@@ -438,7 +431,7 @@ def _check_family_options(fields):
             "classifier='gap'. Received: class_token=False"
         )
     registers = fields["num_register_tokens"]
-    if not _is_int(registers) or registers < 0:
+    if not is_int(registers) or registers < 0:
         raise ValueError(
             f"`num_register_tokens` must be an int >= 0. Received: num_register_tokens={registers!r}"
         )

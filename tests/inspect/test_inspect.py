@@ -129,6 +129,11 @@ def test_geometry_plain_and_hybrid(plain, hybrid):
 def test_bad_arguments(plain):
     with pytest.raises(ValueError, match="blocks=5"):
         vi.attention_model(plain, blocks=5)
+    # NumPy integers are integers (refused before); a dict is no list of blocks (taken before).
+    assert list(vi.attention_model(plain, blocks=np.arange(2)).output) == list(vi.attention_model(plain).output)
+    assert vi.attention_weights(plain, _images((16, 24, 3)), blocks=np.int64(1), batch_size=np.int64(2)).shape[0] == 1
+    with pytest.raises(ValueError, match=r"blocks=\{0: 1\}"):
+        vi.attention_model(plain, blocks={0: 1})
     with pytest.raises(ValueError, match=r"images.shape=\(3, 16, 16, 3\)"):
         vi.attention_weights(plain, _images((16, 16, 3)))
     with pytest.raises(ValueError, match="not a keras_vit ViT"):
@@ -229,6 +234,10 @@ def test_patch_distances_and_mean_attention_distance():
     expected = (2 * p + p * np.sqrt(2)) / 4
     distances = vi.mean_attention_distance(attentions, (2, 2), (p, p), num_prefix_tokens=1)
     np.testing.assert_allclose(distances, [[expected], [0.0]])
+    # NaN attention (e.g. from NaN inputs) gives NaN, not a distance of 0.
+    broken = np.array(attentions)
+    broken[1, 0] = np.nan
+    assert np.isnan(vi.mean_attention_distance(broken, (2, 2), (p, p), num_prefix_tokens=1)[1, 0])
     raw = vi.mean_attention_distance(attentions, (2, 2), (p, p), 1, renormalize=False)
     np.testing.assert_allclose(raw, [[expected / 2], [0.0]])
     # Non-square patches on a 1x2 grid: one head looks at the other patch
@@ -381,3 +390,7 @@ def test_recipe_writes_figures(plain, tmp_path):
     # An image of exactly the model's size is taken as it is.
     np.testing.assert_array_equal(images[2], np.asarray(Image.open(folder / "c" / "d.png")))
     assert vi.load_image_folder(folder, (16, 24), max_images=1)[0].shape == (1, 16, 24, 3)
+    assert vi.load_image_folder(folder, 16, extensions=".png")[0].shape == (2, 16, 16, 3)
+    for bad, match in ((dict(max_images=-1), "max_images=-1"), (dict(size=(0, 16)), r"size=\(0, 16\)")):
+        with pytest.raises(ValueError, match=match):
+            vi.load_image_folder(folder, **{"size": (16, 24), **bad})
