@@ -112,6 +112,9 @@ def load_data(config, run_dir):
             dict(num_classes=task.num_classes, train_split=config.train_split, eval_split=test_split),
             f"{task.name} {test_split}")
     train_source = load_source(config, config.train_split)
+    if train_source.num_classes < 2:  # every label the same: a loss of 0, an accuracy of 1, nothing learnt
+        raise RecipeError(f"a classifier needs two classes or more; {config.train_split!r} has "
+                          f"{train_source.num_classes}. Received: --dataset={config.dataset}")
     eval_source = load_source(config, test_split, class_names=train_source.class_names) if test_split else None
     if eval_source is not None and eval_source.num_classes != train_source.num_classes:
         raise RecipeError(

@@ -309,7 +309,8 @@ def from_directory(
     check_images=True,
     skip_bad_images=False,
 ):
-    """Images in one sub-folder per class: `directory/<class>/<image>`.
+    """Images in one sub-folder per class: `directory/<class>/<image>`
+    (`<image>` may lie in sub-folders of the class folder).
 
     Class indices follow the sorted sub-folder names, or `class_names`;
     `DataSource.dataset` lists the files in sorted order and training
@@ -376,12 +377,16 @@ def from_directory(
             )
     paths, labels = [], []
     for index, class_name in enumerate(class_names):
-        folder = os.path.join(directory, class_name)
+        # Sub-folders of a class folder count too, as in
+        # `keras.utils.image_dataset_from_directory` (they were left out without a word).
         files = sorted(
-            f for f in tf.io.gfile.listdir(folder)
+            os.path.join(root, f)
+            for root, _, names in tf.io.gfile.walk(os.path.join(directory, class_name))
+            if not any(part.startswith(".") for part in os.path.relpath(root, directory).split(os.sep))
+            for f in names
             if not f.startswith(".") and f.lower().endswith(extensions)
         )
-        paths += [os.path.join(folder, f) for f in files]
+        paths += files
         labels += [index] * len(files)
     skipped = ()
     if check_images and paths:

@@ -260,6 +260,18 @@ def test_from_directory_lists_sorted_classes(folder):
 
 
 @pytest.mark.one_backend
+def test_from_directory_reads_sub_folders_of_a_class(tmp_path):
+    """As Keras' `image_dataset_from_directory`: `bee/2024/b.png` is a bee
+    (it was left out without a word); hidden folders stay out."""
+    pixels = _image(CLASS_COLORS["bee"], (8, 8), seed=0)
+    for path in ("ant/a.png", "bee/b.png", "bee/2024/c.png", "bee/.cache/d.png"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        tf.io.write_file(str(tmp_path / path), tf.io.encode_png(pixels))
+    source = keras_vit.data.from_directory(tmp_path)
+    assert source.num_examples == 3 and [int(ex["label"]) for ex in source.dataset] == [0, 1, 1]
+
+
+@pytest.mark.one_backend
 def test_from_tfds_mock_data(tmp_path):
     with tfds.testing.mock_data(num_examples=5):
         source = keras_vit.data.from_tfds("cifar10", "train[:98%]", data_dir=tmp_path)

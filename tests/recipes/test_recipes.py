@@ -10,6 +10,7 @@ import errno
 import dataclasses
 import json
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -1113,6 +1114,13 @@ def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):
     err = _error(finetune.main, [*common, f"--run_dir={tmp_path / 'r1'}"], capsys)
     assert "'c'" in err and "'b'" in err, err
     (data_dir / "test" / "c").rename(data_dir / "test" / "b")
+    # One class: nothing to learn (it trained to a loss of 0 and an accuracy of 1).
+    one_class = _image_folder(tmp_path / "one", per_class=2)
+    for split in ("train", "test"):
+        shutil.rmtree(one_class / split / "b")
+    err = _error(finetune.main, [*common[:1], f"--dataset={one_class}", *common[2:], f"--run_dir={tmp_path / 'r0'}"],
+                 capsys)
+    assert "a classifier needs two classes or more; 'train' has 1" in err, err
     (data_dir / "train" / "a" / "broken.jpg").write_bytes(b"<html>not an image</html>")
     err = _error(finetune.main, [*common, f"--run_dir={tmp_path / 'r2'}"], capsys)
     assert "broken.jpg" in err, err
