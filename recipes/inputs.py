@@ -53,8 +53,9 @@ def load_source(config, split, class_names=None):
     try:
         return data.from_tfds(dataset, split, data_dir=config.data_dir, download=config.download,
                               manual_dir=config.manual_dir)
-    except data.DatasetNotAvailableError as error:
-        raise RecipeError(str(error)) from None
+    except data.DatasetNotAvailableError as error:  # the library's advice, in the recipes' flags
+        raise RecipeError(str(error).replace("download=True", "--download=true").replace(
+            "manual_dir=", "--manual_dir=")) from None
     except ValueError as error:  # an unknown name, a bad split
         raise RecipeError(f"--dataset={dataset}, split {split!r}: {one_line(error, details=0)} (a folder? "
                           f"there is none at {os.path.abspath(dataset)})") from None

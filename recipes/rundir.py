@@ -55,6 +55,9 @@ def write_json(path, value):
         with os.fdopen(handle, "w") as f:
             json.dump(value, f, indent=2, sort_keys=True, default=json_default)
             f.write("\n")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as `open` creates files (mkstemp's are 0600: others could not read them)
         os.replace(tmp, path)
     except BaseException as error:  # a full disk or an interrupt leaves no temporary behind
         if tmp is not None:

@@ -13,6 +13,7 @@ import os
 import shutil
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -695,7 +696,12 @@ def test_a_record_that_cannot_be_written_is_one_error_and_leaves_no_temporary(tm
     """A full disk as `summary.json` or `result.json` is written: one
     RecipeError naming the file, the earlier record kept, nothing else left."""
     path = tmp_path / "summary.json"
-    rundir.write_json(str(path), {"steps": 1})
+    umask = os.umask(0o022)
+    try:
+        rundir.write_json(str(path), {"steps": 1})
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # readable by others, as `open` creates (was 0600)
 
     def full_disk(source, target):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -960,6 +966,13 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     assert "--model=ViT-Q_99" in _error(finetune.main, ["--smoke", run, "--model=ViT-Q_99"], capsys)
     assert "no folder" in _error(
         pretrain.main, ["--smoke", run, f"--dataset={tmp_path / 'missing'}", "--train_split=train"], capsys)
+    # A dataset that is not prepared, without downloads: the advice in the recipes' flags.
+    tiny = ['--model=none', '--model_overrides={"hidden_size": 8, "num_layers": 1, "num_heads": 2, "mlp_dim": 8, '
+            '"patch_size": 8}', "--weights=none", "--image_size=16", "--batch_size=4", "--accum_steps=1",
+            "--total_steps=2", "--warmup_steps=0", "--eval_batch_size=8"]
+    err = _error(finetune.main, [*tiny, f"--run_dir={tmp_path / 'offline'}", "--dataset=cifar10", "--download=false",
+                                 f"--data_dir={tmp_path / 'tfds'}"], capsys)
+    assert "Dataset 'cifar10' is not prepared" in err and "--download=true" in err, err
     # An unknown tfds name (a traceback and tfds' list of every dataset before).
     assert "--dataset=no_such_dataset_xyz, split 'train[:98%]'" in _error(
         finetune.main, ["--smoke", f"--run_dir={tmp_path / 'tfds'}", "--dataset=no_such_dataset_xyz"], capsys)
