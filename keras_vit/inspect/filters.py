@@ -80,11 +80,12 @@ def embedding_filter_components(model, num_components=28, center=True):
     embedding = get_layer(model, "embedding")
     kernel = keras.ops.convert_to_numpy(embedding.kernel)
     if geo.hybrid or kernel.shape[2] != 3:
+        reads = (f"a feature map of {kernel.shape[2]} channels (a hybrid ResNet+ViT)" if geo.hybrid else
+                 f"images of {kernel.shape[2]} channel(s), not RGB")
         raise ValueError(
             "Patch-embedding filters can be drawn only when the embedding reads "
-            "RGB patches of the image. This model's embedding reads a feature "
-            f"map of {kernel.shape[2]} channels (a hybrid ResNet+ViT), so its "
-            f"filters are not images. Received: model={model.name!r}"
+            f"RGB patches of the image. This model's embedding reads {reads}, so its "
+            f"filters are not RGB images. Received: model={model.name!r}"
         )
     return filter_components(kernel, num_components, center)
 

@@ -25,11 +25,24 @@ def new_figure(figsize):
     return _matplotlib_figure()(figsize=figsize, dpi=100)
 
 
+FORMATS = ("png", "svg", "pdf")  # the figures' file formats
+
+
 def save(figure, path):
-    """Writes `figure` to `path` (format from the suffix); None skips."""
+    """Writes `figure` to `path` (format from the suffix); None skips.
+    The path must name a file with one of `FORMATS` as its suffix: without
+    one, matplotlib adds `.png` and writes a file of another name (a folder
+    `out` gave `out.png` beside it)."""
     if path is None:
         return None
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise ValueError(f"`path` must be None or a file path. Received: path={path!r}") from None
+    suffix = os.path.splitext(path)[1].lower().lstrip(".")
+    if os.path.isdir(path) or suffix not in FORMATS:
+        raise ValueError(f"`path` must name a file ending in one of {['.' + f for f in FORMATS]}. "
+                         f"Received: path={path!r}")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     figure.savefig(path, bbox_inches="tight")

@@ -15,10 +15,10 @@ from keras_vit.inspect.filters import (
     max_components,
     plot_filters,
 )
+from keras_vit.inspect import plotting
 from keras_vit.inspect.posemb import model_posemb_similarity, plot_posemb_similarity
 from keras_vit.inspect.rollout import plot_rollout, rollout_maps
 
-FORMATS = ("png", "svg", "pdf")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
@@ -126,8 +126,8 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
         A dict: figure name -> path written (hybrids have no
         `embedding_filters`), plus `"arrays"` and `"summary"`.
     """
-    if image_format not in FORMATS:
-        raise ValueError(f"`image_format` must be one of {FORMATS}. Received: image_format={image_format!r}")
+    if image_format not in plotting.FORMATS:
+        raise ValueError(f"`image_format` must be one of {plotting.FORMATS}. Received: image_format={image_format!r}")
     if not is_int(rollout_images) or rollout_images <= 0:
         raise ValueError(
             f"`rollout_images` must be a positive int. Received: rollout_images={rollout_images!r}"
@@ -146,6 +146,8 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
     # The figure shows images in [-1, 1]; a model that preprocesses inside
     # (`include_preprocessing=True`) takes pixels in [0, 255].
     shown_images = images[shown] / 127.5 - 1.0 if takes_pixels(model) else images[shown]
+    if shown_images.shape[-1] != 3:  # grey (or other) channels, shown as grey
+        shown_images = np.repeat(shown_images.mean(axis=-1, keepdims=True), 3, axis=-1)
     plot_rollout(shown_images, image_maps, path("rollout"),
                  titles=None if titles is None else list(titles)[shown])
     written["rollout"] = path("rollout")
@@ -170,6 +172,8 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
     }
     if geo.hybrid:
         summary["embedding_filters"] = "skipped: a hybrid's embedding reads a ResNet feature map, not RGB"
+    elif geo.channels != 3:
+        summary["embedding_filters"] = f"skipped: the embedding reads {geo.channels}-channel images, not RGB"
     else:
         limit = max_components(tuple(model.get_layer("embedding").kernel.shape))
         components, explained = embedding_filter_components(model, min(num_components, limit))

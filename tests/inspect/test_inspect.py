@@ -338,6 +338,17 @@ def test_write_figures_with_register_tokens_and_patch_only_position_embeddings(t
         assert np.nanmax(arrays["rollout_grid_maps"]) == pytest.approx(1.0)
 
 
+def test_write_figures_of_a_grey_image_model(tmp_path):
+    """One channel: the rollout shows grey images and the filter figure is
+    skipped (write_figures failed; the filter error called it a hybrid)."""
+    grey = randomize_weights(keras_vit.ViT(None, patch_size=8, input_shape=(16, 16, 1), num_classes=3, **TINY))
+    written = vi.write_figures(grey, _images((16, 16, 1)), tmp_path)
+    assert "embedding_filters" not in written
+    _check_file(written["rollout"], b"PNG")
+    with pytest.raises(ValueError, match=r"reads images of 1 channel\(s\), not RGB"):
+        vi.embedding_filter_components(grey)
+
+
 def test_write_figures_hybrid_svg(hybrid, tmp_path):
     written = vi.write_figures(hybrid, _images((32, 32, 3)), tmp_path, image_format="svg")
     assert "embedding_filters" not in written
@@ -348,6 +359,11 @@ def test_write_figures_hybrid_svg(hybrid, tmp_path):
                              tmp_path / "filters.png", columns=2)
     assert figure is not None
     _check_file(tmp_path / "filters.png", b"PNG")
+    # A path without a figure suffix, or a folder: matplotlib wrote `<path>.png` beside it.
+    for path in (tmp_path / "no_suffix", tmp_path):
+        with pytest.raises(ValueError, match="must name a file ending in one of"):
+            vi.plot_filters(np.random.default_rng(0).normal(size=(3, 4, 4, 3)), path)
+    assert not (tmp_path / "no_suffix.png").exists() and not (tmp_path.parent / f"{tmp_path.name}.png").exists()
 
 
 def test_recipe_writes_figures(plain, tmp_path):
