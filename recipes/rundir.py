@@ -47,6 +47,8 @@ def json_default(value):
 
 def write_json(path, value):
     """Writes JSON atomically (a kill never leaves half a file)."""
+    from keras_vit.weights.npz import file_mode
+
     directory = os.path.dirname(os.path.abspath(path))
     tmp = None
     try:
@@ -55,9 +57,7 @@ def write_json(path, value):
         with os.fdopen(handle, "w") as f:
             json.dump(value, f, indent=2, sort_keys=True, default=json_default)
             f.write("\n")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as `open` creates files (mkstemp's are 0600: others could not read them)
+        os.chmod(tmp, file_mode(path))  # mkstemp's 0600 would keep others from reading the run's records
         os.replace(tmp, path)
     except BaseException as error:  # a full disk or an interrupt leaves no temporary behind
         if tmp is not None:

@@ -229,6 +229,7 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
     import tempfile
 
     from keras_vit.weights import timm as timm_format
+    from keras_vit.weights.npz import file_mode
 
     architecture, args = timm_format.timm_args(model)
     state = timm_format.timm_state(model)
@@ -257,6 +258,7 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
         os.close(handle)
         try:
             write(tmp)
+            os.chmod(tmp, file_mode(os.path.join(directory, name)))
             os.replace(tmp, os.path.join(directory, name))
         finally:
             if os.path.exists(tmp):

@@ -600,6 +600,18 @@ def export_npz(model, path):
     return write_npz(path, arrays)
 
 
+def file_mode(target):
+    """The permission bits for a file about to be written at `target` through
+    a temporary file: the existing file's, else what `open` would give
+    (0666 less the umask; `tempfile.mkstemp` creates 0600 files, which other
+    users could not read)."""
+    if os.path.exists(target):
+        return os.stat(target).st_mode & 0o7777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def write_npz(path, arrays):
     """Writes `arrays` (name -> array) to the `.npz` file `path` as
     `export_npz` writes a checkpoint (see there): atomically, keeping an
@@ -620,12 +632,7 @@ def write_npz(path, arrays):
         )
     directory, base = os.path.split(target)
     os.makedirs(directory, exist_ok=True)
-    if os.path.exists(target):
-        mode = os.stat(target).st_mode & 0o7777
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask  # As `open` would; mkstemp creates 0600 files.
+    mode = file_mode(target)
     prefix = f".{base}.tmp-"
     _remove_stale_temporaries(directory, prefix)
     handle, tmp = tempfile.mkstemp(prefix=prefix, suffix=".npz", dir=directory)

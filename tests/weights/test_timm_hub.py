@@ -212,6 +212,10 @@ def test_export_timm_round_trips_through_timms_own_loader(kind, tmp_path):
         variable.assign(rng.normal(0.0, 0.3, tuple(variable.shape)).astype("float32"))
     directory = keras_vit.export_timm(model, tmp_path / "export")
     assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors"]
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("config.json", "model.safetensors"):  # as `open` creates them (mkstemp's 0600 before)
+        assert os.stat(os.path.join(directory, name)).st_mode & 0o777 == 0o666 & ~umask
     theirs = timm.create_model(f"local-dir:{directory}", pretrained=True).eval()
     logits, features = reference(theirs, images())
     ours = model.predict(images(), verbose=0)
