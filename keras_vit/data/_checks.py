@@ -4,17 +4,12 @@ Every failure names the argument and the value received, in one format:
 "`name` must be <requirement>. Received: name=<value!r>".
 """
 
-import numbers
+from keras_vit.layers.utils import is_int, is_real
 
 
 def fail(name, value, requirement, error=ValueError):
     """Raises `error` saying what `name` must be and what it received."""
     raise error(f"`{name}` must be {requirement}. Received: {name}={value!r}")
-
-
-def is_int(value):
-    """An integer, bools excluded."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def integer(value, name, minimum=1):
@@ -25,10 +20,11 @@ def integer(value, name, minimum=1):
 
 
 def number(value, name, minimum=0, strict=False):
-    """A real number (no bool) >= `minimum`, or > `minimum` with `strict`."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    """A finite real number (no bool) >= `minimum`, or > `minimum` with
+    `strict` (an infinite mixup alpha gave NaN batches)."""
+    ok = is_real(value)
     if not (ok and (value > minimum if strict else value >= minimum)):
-        fail(name, value, f"a number {'>' if strict else '>='} {minimum}")
+        fail(name, value, f"a finite number {'>' if strict else '>='} {minimum}")
     return value
 
 

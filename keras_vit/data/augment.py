@@ -341,10 +341,16 @@ def mixup(images, labels, alpha, seed=None):
         `(images, labels)` mixed.
     """
     _checks.number(alpha, "alpha", strict=True)
-    g1, g2 = tf.unstack(tf.random.stateless_gamma([2], random_seed(seed), alpha))
-    total = g1 + g2
-    # Both draws can underflow to 0 for a tiny alpha; then keep the batch.
-    weight = tf.where(total > 0, g1 / tf.where(total > 0, total, 1.0), 1.0)
+    # g1 / (g1 + g2) for g ~ Gamma(alpha), in log space: Gamma(alpha) is
+    # Gamma(alpha + 1) * U^(1 / alpha) (as jax.random.beta draws, which
+    # big_vision uses). Drawn directly, both gammas of a small alpha clamp to
+    # the smallest float and the weight came out 0.5: a tiny alpha mixed 50/50
+    # instead of hardly at all.
+    gamma_seed, uniform_seed = tf.unstack(tf.random.experimental.stateless_split(random_seed(seed), 2))
+    boosted = tf.random.stateless_gamma([2], gamma_seed, alpha + 1.0)
+    uniform = tf.random.stateless_uniform([2], uniform_seed, minval=1e-30, maxval=1.0)
+    log_gamma = tf.math.log(boosted) + tf.math.log(uniform) / alpha
+    weight = tf.sigmoid(log_gamma[0] - log_gamma[1])
     weight = tf.maximum(weight, 1.0 - weight)
 
     def mix(x):

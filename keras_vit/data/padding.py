@@ -28,9 +28,13 @@ def pad_batches(dataset, batch_size):
         float32 `(batch_size,)`, 1 for real rows and 0 for padding.
     """
     batch_size = _checks.integer(batch_size, "batch_size")
+    known = dataset.element_spec[0].shape[0]
+    if known is not None and known > batch_size:
+        _checks.fail("batch_size", batch_size, f"at least the dataset's batches ({known} rows)")
 
     def pad(images, labels):
         n = tf.shape(images)[0]
+        tf.debugging.assert_less_equal(n, batch_size, message=f"`batch_size`={batch_size} is smaller than a batch")
         missing = batch_size - n
         images = tf.pad(images, [[0, missing]] + [[0, 0]] * (len(images.shape) - 1))
         labels = tf.pad(labels, [[0, missing]] + [[0, 0]] * (len(labels.shape) - 1))

@@ -113,6 +113,7 @@ def _batched(
             dataset = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True)
     if repeat is None:
         repeat = training
+    _checks.boolean(repeat, "repeat")  # a truthy "no" made an evaluation pass endless
     if repeat:
         dataset = dataset.repeat()
     if training:
@@ -204,11 +205,12 @@ def pretrain_pipeline(
     _check_common(source, training, batch_size, image_size, cache, pad_to_batch, seed)
     if randaugment is not None:
         try:
-            layers, _ = randaugment
+            layers, magnitude = randaugment
         except (TypeError, ValueError):
-            layers = None
-        if layers is None:
-            _checks.fail("randaugment", randaugment, "None or (num_layers, magnitude)")
+            layers = magnitude = None
+        if not (_checks.is_int(layers) and layers >= 0 and _checks.is_real(magnitude) and magnitude >= 0):
+            _checks.fail("randaugment", randaugment,
+                         "None or (num_layers, magnitude): an int >= 0 and a finite number >= 0")
         if layers == 0:
             randaugment = None
     _checks.number(mixup_alpha, "mixup_alpha")

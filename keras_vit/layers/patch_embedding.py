@@ -5,7 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.position_embedding import linear_matrix
-from keras_vit.layers.utils import normalize_pair
+from keras_vit.layers.utils import is_int, normalize_pair
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -180,14 +180,18 @@ class ImageSizeCheck(keras.layers.Layer):
     Args:
         stride: `(height, width)` in pixels of one patch (for a hybrid: the
             ResNet stem's stride times the patch size).
-        image_size: `(height, width)` of a fixed-size model; None for a
-            dynamic-size one.
+        image_size: `(height, width)` of a fixed-size model, None for a side
+            of any size (None: a dynamic-size model).
     """
 
     def __init__(self, stride, image_size=None, **kwargs):
         super().__init__(**kwargs)
         self.stride = normalize_pair(stride, "stride")
-        self.image_size = None if image_size is None else normalize_pair(image_size, "image_size")
+        sides = (None, None) if image_size is None else tuple(image_size)
+        if len(sides) != 2 or not all(s is None or (is_int(s) and s > 0) for s in sides):
+            raise ValueError("`image_size` must be None or (height, width), each a positive int or None. "
+                             f"Received: image_size={image_size!r}")
+        self.image_size = None if sides == (None, None) else tuple(None if s is None else int(s) for s in sides)
 
     def check_shape(self, shape):
         """Raises the `ValueError` of a call on images of `shape`, for the
@@ -198,11 +202,11 @@ class ImageSizeCheck(keras.layers.Layer):
             if not isinstance(side, int):
                 continue
             if size is not None and side != size:
+                taken = "x".join("any" if s is None else str(s) for s in self.image_size)
                 raise ValueError(
-                    f"The image {what} must be {size}: this model takes images of {self.image_size[0]}x"
-                    f"{self.image_size[1]} pixels. Resize the images, or build the model with "
-                    "input_shape=(None, None, 3) to take any multiple of the patch size. "
-                    f"Received: images of shape {tuple(shape)}"
+                    f"The image {what} must be {size}: this model takes images of {taken} pixels. Resize "
+                    "the images, or build the model with input_shape=(None, None, 3) to take any multiple "
+                    f"of the patch size. Received: images of shape {tuple(shape)}"
                 )
             if side % stride or side == 0:
                 raise ValueError(

@@ -231,6 +231,23 @@ def test_mixup_one_sorted_weight_shared_by_images_and_labels():
 
 
 @pytest.mark.one_backend
+def test_mixup_weights_follow_beta():
+    """The kept share max(w, 1 - w), w ~ Beta(alpha, alpha), against numpy's
+    draws (200 seeds): a tiny alpha hardly mixes (it mixed 50/50 in 82 % of
+    batches at 1e-3: both gamma draws clamped to the smallest float)."""
+    images, labels = tf.zeros((2, 1, 1, 1)), tf.one_hot([0, 1], 2)
+    beta = np.random.default_rng(0).beta
+    for alpha in (1e-3, 0.2, 1.0):
+        kept = np.array([float(augment.mixup(images, labels, alpha, seed=s)[1][1, 1]) for s in range(200)])
+        expected = np.maximum(w := beta(alpha, alpha, 20000), 1 - w)
+        assert abs(kept.mean() - expected.mean()) < 0.03, (alpha, kept.mean(), expected.mean())
+        assert abs(np.mean(kept > 0.99) - np.mean(expected > 0.99)) < 0.1, alpha
+    for bad in (float("inf"), 0.0, -1.0):
+        with pytest.raises(ValueError, match="`alpha` must be a finite number > 0"):
+            augment.mixup(images, labels, bad)
+
+
+@pytest.mark.one_backend
 def test_each_name_has_one_home():
     # Issue 22: no back-compat shims in a 0.1.0 package. RandAugment and
     # mixup live in `augment`, the sources in `sources` (and keras_vit.data).
@@ -631,6 +648,10 @@ def test_pipeline_argument_errors(folder):
         keras_vit.data.finetune_pipeline(source, training=True, batch_size=0)
     with pytest.raises(TypeError, match=r"Received: source="):
         keras_vit.data.finetune_pipeline("cifar10", training=True, batch_size=2)
+    # Batches larger than the padded size: said, naming `batch_size` (tf.pad's "Paddings must be non-negative").
+    larger = keras_vit.data.finetune_pipeline(source, training=False, batch_size=5, image_size=8)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="`batch_size`=3 is smaller than a batch"):
+        next(iter(padding.pad_batches(larger, 3)))
 
 
 @pytest.mark.one_backend
@@ -650,14 +671,20 @@ def test_argument_errors_name_the_argument_and_value(folder):
             **finetune, image_size=16, augmentation="resize_crop", resize_size=8),
          "resize_size", "8", "at least image_size=16"),
         (lambda: keras_vit.data.pretrain_pipeline(**finetune, mixup_alpha=-0.5), "mixup_alpha", "-0.5",
-         "a number >= 0"),
+         "a finite number >= 0"),
+        (lambda: keras_vit.data.pretrain_pipeline(**finetune, mixup_alpha=float("inf")), "mixup_alpha", "inf",
+         "a finite number >= 0"),
         (lambda: keras_vit.data.pretrain_pipeline(**finetune, randaugment=2), "randaugment", "2",
          "None or \\(num_layers, magnitude\\)"),
+        (lambda: keras_vit.data.pretrain_pipeline(**finetune, randaugment=(2, float("inf"))), "randaugment",
+         "\\(2, inf\\)", "None or \\(num_layers, magnitude\\)"),
+        (lambda: keras_vit.data.finetune_pipeline(**finetune | {"training": False}, repeat="no"), "repeat", "'no'",
+         "a bool"),
         (lambda: keras_vit.data.from_directory(folder[0], check_images="no"), "check_images", "'no'", "a bool"),
         (lambda: keras_vit.data.vtab.vtab_pipeline("dtd", "train", batch_size=2), "split", "'train'", "one of"),
         (lambda: ops.inception_crop(tf.zeros((8, 8, 3)), area_range=(0.5, 0.1)), "area_range",
          "\\(0.5, 0.1\\)", "a pair \\(min, max\\)"),
-        (lambda: augment.mixup(tf.zeros((2, 1)), tf.zeros((2, 1)), 0), "alpha", "0", "a number > 0"),
+        (lambda: augment.mixup(tf.zeros((2, 1)), tf.zeros((2, 1)), 0), "alpha", "0", "a finite number > 0"),
         (lambda: padding.pad_batches(source.dataset, True), "batch_size", "True",
          "a positive int"),
         (lambda: keras_vit.data.finetune_pipeline(**finetune, seed=-1), "seed", "-1", "an int >= 0"),

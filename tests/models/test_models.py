@@ -232,6 +232,12 @@ def test_a_fixed_size_model_refuses_other_sizes_in_fit_evaluate_and_predict():
                 call(np.ones((2, side, side, 3), "float32"), *labels, verbose=0)
             if keras.backend.backend() != "jax":
                 assert model.predict(good, verbose=0).shape == (2, 3)
+    # One side fixed, one open: the fixed side is checked too (JAX's predict took 24 rows for 16).
+    half = keras_vit.ViT(None, **{**TINY, "input_shape": (32, None, 3), "image_size": (32, 32), "num_classes": 3})
+    assert half.predict(np.ones((2, 32, 48, 3), "float32"), verbose=0).shape == (2, 3)
+    with pytest.raises(errors, match=r"The image height must be 32: this model takes images of 32xany pixels|"
+                                     r"expected shape=\(None, 32, None, 3\)|Input to reshape"):
+        half.predict(np.ones((2, 48, 32, 3), "float32"), verbose=0)
 
 
 def test_input_tensor():
