@@ -40,5 +40,9 @@ def padded_batch_metrics(loss):
 
         model.compile(optimizer, loss=loss, weighted_metrics=padded_batch_metrics(loss))
     """
-    return [keras.metrics.CategoricalAccuracy(name="accuracy"), ExampleCount(),
+    # Class-index labels (`sparse=True`) need the sparse accuracy: the one-hot
+    # one compared an index with a row's argmax and gave nonsense.
+    sparse = getattr(loss, "sparse", False)
+    accuracy = (keras.metrics.SparseCategoricalAccuracy if sparse else keras.metrics.CategoricalAccuracy)
+    return [accuracy(name="accuracy"), ExampleCount(),
             keras.metrics.MeanMetricWrapper(lambda y_true, y_pred: loss.call(y_true, y_pred), name="loss")]
