@@ -452,6 +452,32 @@ def _tf_child():
     _accumulation_report(setup, weights, xa[:32], ya[:32], report, "accum_mirrored", whole)
     report["predict_rows"] = int(got.shape[0])
 
+    # BackupAndResume: running the finished fit again trains no further (it
+    # crashed reading the mirrored step counter, on every resume).
+    backup = tempfile.mkdtemp()
+
+    def fit_with_backup():
+        with setup.scope():
+            fitted = keras_vit.ViT(None, **TINY)
+            fitted.set_weights(weights)
+            fitted.compile(optimizer=training.finetuning_optimizer(0.01, 4, warmup_steps=1),
+                           loss=training.SigmoidCrossEntropy())
+            fitted.fit(x, y, batch_size=8, epochs=2, verbose=0,
+                       callbacks=[training.BackupAndResume(backup, save_freq="epoch")])
+        return fitted.get_weights()
+
+    report["resume_error"] = max(float(np.max(np.abs(a - b))) for a, b in zip(fit_with_backup(), fit_with_backup()))
+    # Masked patch prediction's loss is scaled as Keras scales a compiled
+    # loss: ln 512 with a zero head (it was 2 ln 512 on 2 replicas, and the
+    # gradients doubled).
+    from keras_vit.pretraining import MaskedPatchPrediction
+
+    with setup.scope():
+        backbone = keras_vit.ViT(None, include_top=False, **{k: v for k, v in TINY.items() if k != "num_classes"})
+        mpp = MaskedPatchPrediction(backbone, seed=1)
+        mpp.compile(optimizer=training.MomentumSGD(0.0))
+        report["mpp_loss"] = mpp.evaluate(x, batch_size=8, verbose=0, return_dict=True)["loss"]
+
     # A TPU name that does not answer: the error says so in one line.
     try:
         distribute.get_distribution("tpu", tpu="local")
@@ -477,6 +503,8 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
         _assert_clipping_active(report, name)
     assert report["predict_rows"] == 7 and report["predict_error"] < 1e-5
     assert "No TPU" in report["tpu"] and "tpu='local'" in report["tpu"]
+    assert report["resume_error"] == 0.0
+    assert report["mpp_loss"] == pytest.approx(np.log(512), rel=1e-5)
 
 
 # --------------------------------------------------------------------------

@@ -57,6 +57,7 @@ from keras import ops
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.utils import is_real
 from keras_vit.anatomy import anatomy
+from keras_vit.distribute import tf_replica_context
 
 TARGETS = ("mean_color", "downsampled", "pixels")
 QUANTIZATIONS = ("uint8", "uniform")
@@ -508,6 +509,13 @@ class MaskedPatchPrediction(keras.Model):
             self.accuracy_tracker.update_state(correct, sample_weight=weights)
         if self.losses:
             loss = loss + ops.sum(ops.stack([ops.cast(v, "float32") for v in self.losses]))
+        # Under tf.distribute each replica's loss is its share of the sum, as
+        # Keras scales a compiled loss (its trainer sums the gradients and
+        # un-scales the loss it reports): unscaled, both came out times the
+        # number of replicas.
+        context = tf_replica_context()
+        if context is not None:
+            loss = loss / context.num_replicas_in_sync
         return loss
 
     def export_encoder(self, path):

@@ -822,9 +822,11 @@ def _check_stored_step(model, path, step):
             stored = None if stored is None else stored[()]
         if stored is not None:
             variable = optimizer.variables[counter[0]]
-            current = keras.ops.convert_to_numpy(variable.value)
+            # `numpy()`: under tf.distribute the value is a mirrored variable,
+            # which `convert_to_numpy` cannot read (every resume crashed there).
+            current = variable.numpy()
             variable.assign(stored)
-            restored = int(keras.ops.convert_to_numpy(optimizer.iterations))
+            restored = int(optimizer.iterations.numpy())
             variable.assign(current)
             if restored != step:
                 raise ValueError(
