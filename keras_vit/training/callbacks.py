@@ -420,7 +420,11 @@ class BackupAndResume(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         # With steps_per_execution > 1 each call covers several batches.
         skipped = self._skipping()
-        done = batch + 1
+        # Keras runs whole executions: with 7 steps per epoch and 2 per
+        # execution the last call says batch 7 (8 done). The epoch is then
+        # complete; recording 8 made a checkpoint that resume refused.
+        steps = self.params.get("steps")
+        done = min(batch + 1, steps) if steps else batch + 1
         new = done - self._batches_in_epoch if done > self._batches_in_epoch else done
         self._batches_in_epoch = done
         if skipped:

@@ -557,6 +557,27 @@ def test_locks_on_a_file_system_without_flock(tmp_path, monkeypatch):
     _small_fit(_small_model(), tmp_path / "backup")  # BackupAndResume trains there
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras' PyTorch trainer has no steps_per_execution")
+def test_an_execution_past_the_epoch_end_still_resumes(tmp_path):
+    """3 steps per epoch, 2 per execution: Keras runs 4 and says batch 3.
+    The checkpoint recorded 4 batches of a 3-batch epoch, and running the
+    same command again was refused ("batch must be <= steps_per_epoch=3")."""
+    import tensorflow as tf
+
+    batches = tf.data.Dataset.from_tensor_slices((SMALL_X, SMALL_Y)).batch(2).repeat()
+
+    def run():
+        model = _small_model()
+        model.compile(optimizer="sgd", loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=2)
+        model.fit(batches, steps_per_epoch=3, epochs=2, verbose=0, shuffle=False,
+                  callbacks=[training.BackupAndResume(tmp_path, save_freq="epoch")])
+        return model.get_weights()
+
+    for a, b in zip(run(), run()):  # the second trains no further
+        np.testing.assert_array_equal(a, b)
+
+
 def test_resume_restores_the_random_state(tmp_path):
     """In process: a run resumed from the checkpoint its uninterrupted twin
     wrote after epoch 0 (an epoch boundary, unlike the SIGKILL test) draws
