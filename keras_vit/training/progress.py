@@ -115,15 +115,24 @@ class ThroughputTimer(keras.callbacks.Callback):
         super().__init__()
         _positive_int(skip, "skip")
         self.skip, self.batches, self.timed_batches, self.elapsed = skip, 0, 0, 0.0
-        self._start = None
+        self._start = self._started_at = None
+        self._in_epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._in_epoch = 0
 
     def on_train_batch_end(self, batch, logs=None):
-        self.batches += 1
+        # Counted by `batch`, the index of the call's last batch: with
+        # steps_per_execution > 1 one call covers several (counting calls
+        # reported a rate that many times too low).
+        self.batches += batch + 1 - self._in_epoch
+        self._in_epoch = batch + 1
         now = time.perf_counter()
-        if self.batches == self.skip:
-            self._start = now
-        elif self._start is not None:
-            self.timed_batches, self.elapsed = self.batches - self.skip, now - self._start
+        if self._start is None:
+            if self.batches >= self.skip:
+                self._start, self._started_at = now, self.batches
+        else:
+            self.timed_batches, self.elapsed = self.batches - self._started_at, now - self._start
 
     def images_per_second(self, batch_size):
         """Images per second over the timed batches, `batch_size` images

@@ -65,6 +65,14 @@ def test_throughput_times_the_batches_after_the_first_ones(monkeypatch):
     assert timer.images_per_second(4) == 8.0
     with pytest.raises(ValueError, match="skip=0"):
         training.ThroughputTimer(skip=0)
+    # steps_per_execution=2: each call ends 2 batches (counting calls gave half the rate).
+    clock = iter(np.arange(100.0) * 0.5)
+    timer = training.ThroughputTimer(skip=2)
+    for epoch in range(2):
+        timer.on_epoch_begin(epoch)
+        for batch in (1, 3, 5):
+            timer.on_train_batch_end(batch)
+    assert (timer.batches, timer.timed_batches, timer.elapsed) == (12, 10, 2.5)
 
 
 @pytest.mark.parametrize("kwargs, match", [
