@@ -39,6 +39,8 @@ import warnings
 import keras
 import numpy as np
 
+from keras_vit.layers.utils import is_int
+
 MODES = (
     "auto",
     "none",
@@ -114,7 +116,7 @@ class DistributionSetup:
         512); each step splits it over `num_replicas`.
         """
         if (
-            not isinstance(global_batch_size, int)
+            not is_int(global_batch_size)
             or global_batch_size <= 0
             or global_batch_size % self.num_replicas
         ):
@@ -123,7 +125,7 @@ class DistributionSetup:
                 f"number of replicas ({self.num_replicas}, mode={self.mode!r}). "
                 f"Received: global_batch_size={global_batch_size!r}"
             )
-        return global_batch_size // self.num_replicas
+        return int(global_batch_size) // self.num_replicas
 
     def predict(self, model, x, batch_size=32, **kwargs):
         """`model.predict` on arrays of any length.
@@ -143,12 +145,12 @@ class DistributionSetup:
         Returns:
             The predictions for exactly the rows of `x`.
         """
-        if not isinstance(batch_size, int) or batch_size <= 0:
+        if not is_int(batch_size) or batch_size <= 0:
             raise ValueError(
                 f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}"
             )
         replicas = self.num_replicas
-        batch_size = -(-batch_size // replicas) * replicas
+        batch_size = -(-int(batch_size) // replicas) * replicas
         leaves = keras.tree.flatten(x)
         rows = {int(np.shape(leaf)[0]) for leaf in leaves}
         if len(rows) != 1:
@@ -225,6 +227,10 @@ def get_distribution(
             f"mode={mode!r} is not available with the {backend} backend. "
             f"{_SUGGESTION[backend]} Received: mode={mode!r}"
         )
+    if devices is not None and (isinstance(devices, str) or not isinstance(devices, (list, tuple))
+                                or not devices):
+        # A string was read as one device per character, an empty list as no replicas.
+        raise ValueError(f"`devices` must be None (all) or a non-empty list of devices. Received: devices={devices!r}")
     if model_parallel_size is not None and mode != "model_parallel":
         raise ValueError(
             "`model_parallel_size` only applies to mode='model_parallel'. "
@@ -448,7 +454,7 @@ def _jax_setup(mode, devices, model_parallel_size, multi_host):
     if model_parallel_size is None:
         model_parallel_size = next(m for m in (8, 4, 2, 1) if count % m == 0)
     if (
-        not isinstance(model_parallel_size, int)
+        not is_int(model_parallel_size)
         or model_parallel_size <= 0
         or count % model_parallel_size
     ):

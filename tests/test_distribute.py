@@ -131,6 +131,13 @@ def test_per_replica_batch_size():
     assert setup.per_replica_batch_size(512) == 64
     with pytest.raises(ValueError, match="global_batch_size=100"):
         setup.per_replica_batch_size(100)
+    assert setup.per_replica_batch_size(np.int64(512)) == 64
+    with pytest.raises(ValueError, match="global_batch_size=True"):
+        distribute.DistributionSetup("none", BACKEND, num_replicas=1).per_replica_batch_size(True)
+    # A string was read as one device per character, an empty list as 0 replicas.
+    for devices in ("cpu:0", []):
+        with pytest.raises(ValueError, match=r"`devices` must be None \(all\) or a non-empty list"):
+            distribute.get_distribution("auto", devices=devices)
 
 
 # --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 
 from keras_vit import distribute
-from keras_vit.layers.utils import SEED_STATE
+from keras_vit.layers.utils import SEED_STATE, is_int
 from keras_vit.training import locks
 
 _POINTER = "checkpoint.json"
@@ -102,14 +102,14 @@ class BackupAndResume(keras.callbacks.Callback):
         if not backup_dir:
             raise ValueError(f"`backup_dir` must be a path. Received: backup_dir={backup_dir!r}")
         if save_freq != "epoch" and (
-            not isinstance(save_freq, int) or isinstance(save_freq, bool) or save_freq <= 0
+            not is_int(save_freq) or save_freq <= 0
         ):
             raise ValueError(
                 "`save_freq` must be 'epoch' or a positive int (batches). "
                 f"Received: save_freq={save_freq!r}"
             )
         self.backup_dir = os.fspath(backup_dir)
-        self.save_freq = save_freq
+        self.save_freq = save_freq if save_freq == "epoch" else int(save_freq)
         self.stop_on_nan = bool(stop_on_nan)
         self.delete_on_finish = bool(delete_on_finish)
         self._reset_run_state()

@@ -34,7 +34,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit import distribute
-from keras_vit.layers.utils import check_rate, is_real
+from keras_vit.layers.utils import check_rate, is_int, is_real
 from keras_vit.training.schedules import AccumulationSchedule, WarmupDecay
 
 
@@ -127,15 +127,18 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
         **kwargs,
     ):
         if gradient_accumulation_steps is not None and (
-            not isinstance(gradient_accumulation_steps, int)
-            or isinstance(gradient_accumulation_steps, bool)
-            or gradient_accumulation_steps < 1
+            not is_int(gradient_accumulation_steps) or gradient_accumulation_steps < 1
         ):
             raise ValueError(
                 "`gradient_accumulation_steps` must be a positive int or None. "
                 f"Received: gradient_accumulation_steps={gradient_accumulation_steps!r}"
             )
+        if not callable(learning_rate) and (not is_real(learning_rate) or learning_rate < 0):  # schedules are callable
+            raise ValueError("`learning_rate` must be a finite non-negative float or a LearningRateSchedule. "
+                             f"Received: learning_rate={learning_rate!r}")
         steps = gradient_accumulation_steps if gradient_accumulation_steps != 1 else None
+        if steps is not None:
+            steps = gradient_accumulation_steps = int(steps)
         if steps and isinstance(
             learning_rate, keras.optimizers.schedules.LearningRateSchedule
         ):
@@ -177,6 +180,11 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                 f"Received: weight_decay={weight_decay}, decay_variables=None"
             )
         if decay_variables is not None:
+            if isinstance(decay_variables, (str, keras.Variable)):  # list() of a JAX variable never ended
+                raise ValueError(
+                    "`decay_variables` must be a list of `keras.Variable`s (or their `.path` strings), not one. "
+                    f"Received: decay_variables={getattr(decay_variables, 'path', decay_variables)!r}"
+                )
             decay_variables = list(decay_variables)
             for item in decay_variables:
                 if not isinstance(item, (str, keras.Variable)):
@@ -359,6 +367,17 @@ def _select(is_update, new, old):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
+def _float_dtype(dtype, name):
+    """A floating dtype's name (an int32 buffer would truncate the moment)."""
+    try:
+        standard = keras.backend.standardize_dtype(dtype)
+    except (ValueError, TypeError):
+        standard = None
+    if standard is None or "float" not in standard:
+        raise ValueError(f"`{name}` must be a floating dtype (e.g. 'float32', 'bfloat16'). Received: {name}={dtype!r}")
+    return standard
+
+
 class MomentumSGD(_OriginalOrderOptimizer):
     """SGD with momentum in optax's order: the original fine-tuning optimizer.
 
@@ -416,7 +435,7 @@ class MomentumSGD(_OriginalOrderOptimizer):
             **kwargs,
         )
         self.momentum = check_rate(momentum, "momentum")
-        self.accumulator_dtype = keras.backend.standardize_dtype(accumulator_dtype)
+        self.accumulator_dtype = _float_dtype(accumulator_dtype, "accumulator_dtype")
 
     def build(self, variables):
         if self.built:
@@ -509,8 +528,10 @@ class DecoupledAdam(_OriginalOrderOptimizer):
         )
         self.beta_1 = check_rate(beta_1, "beta_1")
         self.beta_2 = check_rate(beta_2, "beta_2")
+        if not is_real(epsilon) or epsilon <= 0:
+            raise ValueError(f"`epsilon` must be a finite positive float. Received: epsilon={epsilon!r}")
         self.epsilon = float(epsilon)
-        self.first_moment_dtype = keras.backend.standardize_dtype(first_moment_dtype)
+        self.first_moment_dtype = _float_dtype(first_moment_dtype, "first_moment_dtype")
 
     def build(self, variables):
         if self.built:

@@ -6,7 +6,7 @@ import numbers
 import keras
 from keras import ops
 
-from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import is_int, is_real
 
 DECAY_TYPES = ("cosine", "linear")
 
@@ -135,9 +135,7 @@ class AccumulationSchedule(keras.optimizers.schedules.LearningRateSchedule):
                 f"Received: schedule={schedule!r}"
             )
         if (
-            not isinstance(accumulation_steps, int)
-            or isinstance(accumulation_steps, bool)
-            or accumulation_steps < 1
+            not is_int(accumulation_steps) or accumulation_steps < 1
         ):
             raise ValueError(
                 "`accumulation_steps` must be a positive int. "

@@ -245,6 +245,23 @@ def test_schedule_takes_numpy_numbers_and_refuses_rates_that_cannot_train():
             training.finetuning_optimizer(0.01, 10, warmup_steps=1, **kwargs)
     with pytest.raises(ValueError, match="`label_smoothing` must be a float in"):
         training.SoftmaxCrossEntropy(label_smoothing=float("nan"))
+    # Step counts from numpy everywhere (refused before), and the optimizers'
+    # other settings checked (NaN rates and an int32 momentum were taken).
+    assert training.finetuning_optimizer(0.01, 10, warmup_steps=1, gradient_accumulation_steps=np.int64(2)).accumulation_steps == 2
+    assert training.AccumulationSchedule(training.WarmupDecay(0.1, 10), np.int64(2)).accumulation_steps == 2
+    assert training.BackupAndResume("unused", save_freq=np.int64(4)).save_freq == 4
+    for build, match in [
+        (lambda: training.MomentumSGD(float("nan")), "`learning_rate` must be a finite non-negative float"),
+        (lambda: training.MomentumSGD(-1.0), "Received: learning_rate=-1.0"),
+        (lambda: training.MomentumSGD(0.1, accumulator_dtype="int32"), "`accumulator_dtype` must be a floating"),
+        (lambda: training.DecoupledAdam(1e-3, epsilon=float("nan")), "`epsilon` must be a finite positive float"),
+        (lambda: training.DecoupledAdam(1e-3, epsilon="x"), "Received: epsilon='x'"),
+        # One variable, not a list of them: list() of a JAX variable never ended.
+        (lambda: training.DecoupledAdam(1e-3, weight_decay=0.1, decay_variables=keras.Variable(np.zeros((3, 4)))),
+         "`decay_variables` must be a list"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            build()
 
 
 def test_accumulation_schedule_counts_updates():
