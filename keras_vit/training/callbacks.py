@@ -830,7 +830,7 @@ def _check_stored_step(model, path, step):
             # which `convert_to_numpy` cannot read (every resume crashed there).
             current = variable.numpy()
             variable.assign(stored)
-            restored = int(optimizer.iterations.numpy())
+            restored = int(keras.ops.convert_to_numpy(optimizer.iterations))
             variable.assign(current)
             if restored != step:
                 raise ValueError(

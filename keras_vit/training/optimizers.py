@@ -366,7 +366,6 @@ def _select(is_update, new, old):
     return ops.where(is_update, new, ops.convert_to_tensor(old))
 
 
-@keras.saving.register_keras_serializable(package="keras_vit")
 def _float_dtype(dtype, name):
     """A floating dtype's name (an int32 buffer would truncate the moment)."""
     try:
@@ -378,6 +377,7 @@ def _float_dtype(dtype, name):
     return standard
 
 
+@keras.saving.register_keras_serializable(package="keras_vit")
 class MomentumSGD(_OriginalOrderOptimizer):
     """SGD with momentum in optax's order: the original fine-tuning optimizer.
 

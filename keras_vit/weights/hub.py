@@ -51,11 +51,11 @@ def hub_repo(source):
 def read_safetensors(path):
     """`{key: numpy array}` of a safetensors file; a damaged or truncated
     file is a ValueError naming it."""
-    numpy_io = _require("safetensors.numpy")
     if not os.path.exists(path):
         raise FileNotFoundError(f"Weights file not found. Received: {path}")
     if os.path.isdir(path):
         raise ValueError(f"{path} is a directory, not a safetensors file. Received: {path}")
+    numpy_io = _require("safetensors.numpy")
     try:
         arrays = numpy_io.load_file(path)
         # bfloat16 (the Hub's usual half precision) comes as ml_dtypes'
