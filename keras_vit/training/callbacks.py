@@ -275,6 +275,16 @@ class BackupAndResume(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self._restored_before_fit:  # `restore` loaded the state and holds the lock
             self._restored_before_fit = False
+            # `fit`'s own epochs and steps, against the checkpoint (`restore`
+            # checked only what it was given; another `fit` trained on and
+            # overwrote the record).
+            metadata = self.read_checkpoint()
+            if metadata is not None:
+                try:
+                    self._check_same_run(metadata, self.model)
+                except ValueError:
+                    self._release()
+                    raise
             return
         self._reset_run_state()
         self._acquire_and_restore(set_initial_epoch=True)

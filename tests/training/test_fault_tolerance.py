@@ -628,6 +628,15 @@ def test_restore_then_fit_initial_epoch_resumes_through_public_keras(tmp_path, m
         np.testing.assert_array_equal(a, b)
     assert training.BackupAndResume(tmp_path / "empty").restore(
         _small_model(), epochs=2, steps_per_epoch=steps_per_epoch) == 0
+    # `fit` with other epochs than the checkpoint's, after a `restore` told
+    # nothing of them: refused like any other run's (it trained on and
+    # overwrote the record), the lock released.
+    other = training.BackupAndResume(copy, save_freq="epoch")
+    model = _small_model()
+    start = other.restore(model)
+    with pytest.raises(ValueError, match=r"2 epochs, but this `fit` has 5"):
+        model.fit(SMALL_X, SMALL_Y, batch_size=4, epochs=5, initial_epoch=start, verbose=0, callbacks=[other])
+    assert _lock_is_free(copy)
     # A checkpoint of step 1, mid-epoch (batch 1 of 2; the run then
     # crashed): refused by `restore`, its lock released.
     mid = tmp_path / "mid"
