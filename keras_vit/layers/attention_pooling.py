@@ -1,12 +1,10 @@
 """Multihead attention pooling (the "MAP" head of SigLIP and big_vision)."""
 
-import numbers
-
 import keras
 from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, MlpBlock, check_gelu
-from keras_vit.layers.utils import freeze_sublayers_if_frozen
+from keras_vit.layers.utils import freeze_sublayers_if_frozen, is_int
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -31,8 +29,7 @@ class AttentionPooling(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, gelu="tanh", layer_norm_epsilon=LAYER_NORM_EPSILON, num_prefix_tokens=0,
                  **kwargs):
         super().__init__(**kwargs)
-        if not isinstance(num_prefix_tokens, numbers.Integral) or isinstance(num_prefix_tokens, bool) \
-                or num_prefix_tokens < 0:
+        if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
             raise ValueError(f"`num_prefix_tokens` must be an int >= 0. Received: num_prefix_tokens={num_prefix_tokens!r}")
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.num_heads = num_heads

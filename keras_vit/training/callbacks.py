@@ -720,7 +720,7 @@ def _validate(metadata, path):
 
 def _is_int(value, low, high=None):
     return (
-        isinstance(value, int) and not isinstance(value, bool) and value >= low
+        is_int(value) and value >= low
         and (high is None or value < high)
     )
 

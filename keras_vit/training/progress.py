@@ -7,14 +7,15 @@ bar, `steps_per_epoch` and the batch callbacks advance k times per update.
 images per second after the compilation.
 """
 
-import numbers
 import time
 
 import keras
 
+from keras_vit.layers.utils import is_int
+
 
 def _positive_int(value, name):
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
 
 

@@ -1,7 +1,6 @@
 """The learning-rate schedule of the original ViT code."""
 
 import math
-import numbers
 
 import keras
 from keras import ops
@@ -59,7 +58,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
             if not is_real(value) or value < 0:
                 raise ValueError(f"`{arg}` must be a finite non-negative float. Received: {arg}={value!r}")
         for arg, value in (("total_steps", total_steps), ("warmup_steps", warmup_steps)):
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(
                     f"`{arg}` must be a non-negative int. Received: {arg}={value!r}"
                 )
