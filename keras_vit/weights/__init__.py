@@ -6,7 +6,7 @@ from keras_vit.anatomy import anatomy
 from keras_vit.weights import cache, hub, registry
 from keras_vit.weights.hub import export_timm
 from keras_vit.weights.h5 import load_keras_weights
-from keras_vit.weights.npz import export_npz, load_npz, prepare_npz, read_npz
+from keras_vit.weights.npz import check_archive, export_npz, load_npz, prepare_npz, read_npz
 from keras_vit.weights.augreg import AugRegIndex, augreg_index
 
 __all__ = ["AugRegIndex", "augreg_index", "export_npz", "export_timm", "load_weights", "read_npz"]
@@ -73,12 +73,13 @@ def load_weights(
         plans, refusals = [], []
 
         def validate(file):
-            # Loading is the check. When the user's arguments refuse a file
-            # that loads as published, the file is kept and the error raised.
+            # Loading is the check. When the model or the user's arguments
+            # refuse a sound file, the file is kept and the error raised: a
+            # download again would bring the same file (or none, offline).
             try:
                 plans.append(prepare_npz(model, file, interpolation, source_grid, allow_nonfinite))
             except ValueError as refusal:
-                prepare_npz(model, file)  # raises when the file itself is at fault
+                check_archive(file, encoder_of=model)  # raises when the file itself is at fault
                 refusals.append(refusal)
 
         cache.fetch(bucket_path, validate=validate)

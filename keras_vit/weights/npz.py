@@ -293,6 +293,33 @@ def read_npz(path):
     return canonical_keys(arrays, path)
 
 
+def check_archive(path, encoder_of=None):
+    """Raises `ValueError` when the file itself is at fault: not an archive
+    of plain arrays, a member truncated or corrupt (zip's CRC-32), a NaN or
+    infinite value (every published checkpoint is finite) or, given a model
+    (`encoder_of`), an encoder of another architecture: another key or shape
+    outside the parts a loader adapts to the model (head, `pre_logits`,
+    position embeddings, patch size). Reads one array at a time."""
+    path = os.fspath(path)
+    adapted = ("head/", "pre_logits/", POSEMB_KEY, PATCH_KERNEL_KEY, GRID_KEY)
+    with _open_archive(path) as archive:
+        members = _members(archive, path)
+        if encoder_of is not None:
+            def shapes(items):  # pre-Linen GroupNorm stored (1, 1, 1, C)
+                return {key: tuple(d for d in shape if d != 1) if _GROUP_NORM.search(key) else tuple(shape)
+                        for key, shape in items if not key.startswith(adapted)}
+
+            expected = shapes((key, v.shape) for key, v in checkpoint_variables(encoder_of).items())
+            found = shapes((key, m.shape) for key, m in canonical_keys(members, path).items())
+            if found != expected:
+                other = sorted(set(found.items()) ^ set(expected.items()))[:3]
+                raise _unreadable(path, f"its encoder is not the model's architecture (e.g. {other})")
+        for key, member in members.items():
+            array = _read_member(archive, path, key, member)
+            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                raise _unreadable(path, f"{key!r} holds NaN or infinite values")
+
+
 def canonical_keys(arrays, path="<arrays>"):
     """Strips `opt/target/` and renames Linen-numbered block modules."""
     arrays = {key.removeprefix("opt/target/"): value for key, value in arrays.items()}

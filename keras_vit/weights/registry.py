@@ -178,6 +178,11 @@ def check_architecture(model, variant, weights):
     }
     if not hybrid:  # a plain ViT's patch size may change: the loader PI-resizes (FlexiViT)
         del expected["patch_size"], actual["patch_size"]
+    if weights == "imagenet21k" and parts.has_pre_logits:
+        # These files carry the pre-training head's pre_logits of the width
+        # (R = D); a model without pre_logits drops it.
+        expected["representation_size"] = fields["hidden_size"]
+        actual["representation_size"] = model.get_layer("pre_logits").units
     differences = [
         f"{key} {actual[key]!r} (the checkpoint's: {expected[key]!r})"
         for key in expected

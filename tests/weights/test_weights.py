@@ -836,6 +836,44 @@ def test_an_argument_that_refuses_a_good_checkpoint_keeps_it_cached(bucket, tmp_
     assert len(bucket.requests) == 1
 
 
+def test_a_model_that_refuses_a_sound_checkpoint_keeps_it_cached(bucket, tmp_path):
+    """Only a file at fault (corrupt, truncated, not finite) is deleted and
+    downloaded again: a `pre_logits` width the file does not have was taken
+    for a bad file, so a valid cached checkpoint was deleted and the same
+    file downloaded again, then refused with an error about the download."""
+    upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
+    bucket.files[f"augreg/{upstream}.npz"] = npz_bytes(tmp_path, randomize_weights(keras_vit.ViTTi16(
+        input_shape=(32, 32, 3), representation_size=192)))
+    keras_vit.ViTTi16(input_shape=(32, 32, 3), weights="augreg")  # downloaded and cached (pre_logits dropped)
+    model = keras_vit.ViTTi16(input_shape=(32, 32, 3), representation_size=64)
+    with pytest.raises(ValueError, match=r"shape mismatch: pre_logits/kernel is \(192, 192\) in the checkpoint, "
+                                         r"\(192, 64\) in the model") as refusal:
+        keras_vit.load_weights(model, "augreg", variant="ViT-Ti_16")
+    assert "invalid" not in str(refusal.value)
+    assert len(bucket.requests) == 1
+    # A file at fault still is: a NaN is not in any published checkpoint.
+    cached = tmp_path / "cache" / "models" / "keras_vit" / f"augreg__{upstream}.npz"
+    arrays = read_npz(cached)
+    arrays["head/bias"][0] = np.nan
+    np.savez(cached, **arrays)
+    os.remove(f"{cached}.sha256")
+    keras_vit.load_weights(keras_vit.ViTTi16(input_shape=(32, 32, 3)), "augreg", variant="ViT-Ti_16")
+    assert len(bucket.requests) == 2
+
+
+@pytest.mark.one_backend
+def test_imagenet21k_pre_logits_of_another_width_are_refused_before_download(bucket):
+    """The original ImageNet-21k files carry pre_logits of the model's width
+    (R = D): another `representation_size` is refused before the GB
+    download, naming it; none (dropped) or the width load."""
+    model = keras_vit.ViTB16(input_shape=(16, 16, 3), representation_size=64, num_classes=2)
+    with pytest.raises(ValueError, match=r"representation_size 64 \(the checkpoint's: 768\).*nothing was downloaded"):
+        keras_vit.load_weights(model, "imagenet21k", variant="ViT-B_16")
+    registry.check_architecture(keras_vit.ViTB16(input_shape=(16, 16, 3), num_classes=2), "ViT-B_16",
+                                "imagenet21k")
+    assert bucket.requests == []
+
+
 # The cache itself, through `cache.fetch` with the loader as validator.
 BUCKET_PATH = "augreg/tiny.npz"
 
