@@ -23,7 +23,9 @@ from recipes.configs import MPP_QUANTIZATIONS
 from recipes.configs import MPP_TARGETS
 from recipes.configs import OPTIMIZERS
 from recipes.configs import PIPELINES
+from recipes.configs import VTAB_PREFIX
 from recipes.configs import MppConfig
+from recipes.configs import VtabConfig
 
 
 def choice(config, field, choices):
@@ -75,6 +77,10 @@ def check(config):
             raise RecipeError(f"--image_size must be square for --dataset={config.dataset}. "
                               f"Received: --image_size={','.join(map(str, config.image_size))}")
         return
+    if config.pipeline != "finetune" and (
+            isinstance(config, VtabConfig) or str(config.dataset or "").startswith(VTAB_PREFIX)):
+        raise RecipeError("VTAB tasks train through the fine-tuning pipeline (the protocol's crops and flips, per "
+                          f"task; --augmentation, --flip, --batch_augmentation). Received: --pipeline={config.pipeline}")
     big_vision = config.pipeline == "pretrain" and config.augmentation == "inception_crop"
     if config.augreg != "none" and not big_vision:
         raise RecipeError("AugReg presets (RandAugment, mixup) come with the pretrain pipeline's inception crop. "

@@ -35,6 +35,8 @@ AUGREG = {
     "medium2": ((2, 15), 0.5), "strong1": ((2, 20), 0.5), "strong2": ((2, 20), 0.8),
 }
 MPP_TARGETS = ("mean_color", "downsampled", "pixels")
+# `--dataset=vtab:<task>`: a task of `keras_vit.data.vtab`.
+VTAB_PREFIX = "vtab:"
 MPP_QUANTIZATIONS = ("uint8", "uniform")
 FIGURE_FORMATS = ("png", "svg", "pdf")
 

@@ -15,9 +15,9 @@ from recipes import checks
 from recipes.cli import RecipeError
 from recipes.cli import one_line
 from recipes.configs import AUGREG
+from recipes.configs import VTAB_PREFIX
 from recipes.configs import MppConfig
 
-VTAB_PREFIX = "vtab:"
 # `train(micro_batch)`: repeating training batches; `eval(batch)`: one
 # padded pass, or None; `num_classes`: None for images without labels.
 Data = collections.namedtuple(
@@ -104,8 +104,9 @@ def load_data(config, run_dir):
         common = dict(image_size=size, data_dir=config.data_dir, download=config.download,
                       manual_dir=config.manual_dir, cache=cache)
         return Data(
-            lambda b: vtab.vtab_pipeline(task, config.train_split, batch_size=b, augmentation=config.augmentation,
-                                         **training, **common),
+            _train_batches(config, lambda b: vtab.vtab_pipeline(
+                task, config.train_split, batch_size=b, augmentation=config.augmentation, flip=config.flip,
+                batch_augmentation=config.batch_augmentation, **training, **common)),
             (lambda b: vtab.vtab_pipeline(task, test_split, batch_size=b, training=False, pad_to_batch=True,
                                           **common)) if test_split else None,
             task.num_classes, (size, size, 3), None,
@@ -132,14 +133,6 @@ def load_data(config, run_dir):
         augment = dict(augmentation=config.augmentation, flip=config.flip,
                        batch_augmentation=config.batch_augmentation)
 
-    def train_batches(batch_size):
-        try:
-            return pipeline(train_source, batch_size=batch_size, image_size=size, cache=cache, **augment, **training)
-        except ValueError as error:  # a layer that cannot run there, found as the pipeline is built
-            if "batch_augmentation" not in str(error):
-                raise
-            raise RecipeError(f"--batch_augmentation={config.batch_augmentation}: {error}") from None
-
     def eval_batches(batch_size):
         return pipeline(eval_source, training=False, batch_size=batch_size, image_size=size, cache=cache,
                         pad_to_batch=True)
@@ -147,10 +140,26 @@ def load_data(config, run_dir):
     parts = [_describe("train", config.train_split, train_source)]
     if eval_source is not None:
         parts.append(_describe("evaluation", test_split, eval_source))
+    train_batches = _train_batches(config, lambda b: pipeline(
+        train_source, batch_size=b, image_size=size, cache=cache, **augment, **training))
     return Data(train_batches, eval_batches if eval_source is not None else None, train_source.num_classes,
                 (size, size, 3), train_source.num_examples, "  data: " + ", ".join(parts),
                 dict(num_classes=train_source.num_classes, train_split=config.train_split, eval_split=test_split,
                      train_examples=train_source.num_examples), repr(test_split))
+
+
+def _train_batches(config, pipeline):
+    """`pipeline(batch_size)`, a `--batch_augmentation` layer that cannot
+    run there (found as the pipeline is built) an `error:` line."""
+    def train_batches(batch_size):
+        try:
+            return pipeline(batch_size)
+        except ValueError as error:
+            if "batch_augmentation" not in str(error):
+                raise
+            raise RecipeError(f"--batch_augmentation={config.batch_augmentation}: {error}") from None
+
+    return train_batches
 
 
 @contextlib.contextmanager

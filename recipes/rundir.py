@@ -24,7 +24,7 @@ MARKER = ".keras_vit_run"
 # ones `--overwrite` deletes (tests/recipes check that the recipes write
 # nothing else).
 RUN_ENTRIES = frozenset({
-    MARKER, "config.json", "summary.json", "result.json", "history.csv", "logs", "checkpoints",
+    MARKER, "config.json", "summary.json", "result.json", "history.csv", "history.csv.tmp", "logs", "checkpoints",
     "model.keras", "model.npz", "lora.npz",
     "sweep",  # finetune --sweep
     "tasks", "results.json", "results.csv", "report.md", "report.png",  # vtab
@@ -168,6 +168,7 @@ def claim(run_dir, overwrite=False):
 RESUMABLE_CHANGES = frozenset((
     "run_dir", "overwrite", "distribution", "verbose", "data_dir", "download", "manual_dir", "tasks", "jit_compile",
     "steps_per_execution", "deterministic",
+    "paper_model",  # vtab: the report's paper row, rewritten from the task results
 ))
 
 

@@ -149,6 +149,7 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
             raise RecipeError(str(error)) from None
         if backup.resumed_from:
             print(f"Resumed from update {backup.resumed_from['step']} of {total}", flush=True)
+        trim_history(os.path.join(run_dir, "history.csv"), initial_epoch)
         timer = training.ThroughputTimer()
         progress = training.UpdateProgress(total, log_every, accum, config.verbose, data.eval_label)
         fit_callbacks = [backup, keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
@@ -340,10 +341,28 @@ def tensorboard(log_dir):
 _NO_TENSORBOARD_SAID = []
 
 
+def trim_history(path, epochs):
+    """Keeps the first `epochs` rows of `history.csv`: the epochs a resumed
+    run trains again (after its last checkpoint) are logged again."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        lines = f.readlines()
+
+    def kept(line):  # a whole row of an epoch before `epochs` (a kill can cut the last line)
+        epoch = line.split(",", 1)[0]
+        return line.endswith("\n") and epoch.isdigit() and int(epoch) < epochs
+
+    rows = lines[:1] + [line for line in lines[1:] if kept(line)]
+    if rows != lines:
+        with open(f"{path}.tmp", "w", newline="", encoding="utf-8") as f:
+            f.writelines(rows)
+        os.replace(f"{path}.tmp", path)
+
+
 def read_history(path):
     """The whole run's `{metric: [per epoch]}` from `history.csv` (Keras'
-    `History` holds only this process's epochs; a resumed run logs the epoch
-    it was killed in again, and the later row wins)."""
+    `History` holds only this process's epochs)."""
     def number(text):  # CSVLogger writes "NA" for a metric an epoch lacks
         try:
             return float(text)
@@ -358,14 +377,16 @@ def read_history(path):
     return {key: [number(rows[epoch].get(key)) for epoch in sorted(rows)] for key in keys}
 
 
-def start_header(recipe, run_dir, setup, config):
+def start_header(recipe, run_dir, setup, config, log_dir=None):
+    """The lines a run starts with; `log_dir`: TensorBoard's (default
+    `run_dir/logs`; VTAB's tasks log in their own directories)."""
     import keras
 
     replicas = setup.num_replicas
     weights = None if isinstance(config, MppConfig) else config.weights
     lines = [
         f"== {recipe}: {run_dir}",
-        f"  tensorboard --logdir {os.path.join(run_dir, 'logs')}",
+        f"  tensorboard --logdir {log_dir or os.path.join(run_dir, 'logs')}",
         f"  backend {keras.backend.backend()}, distribution {setup.mode} ({replicas} "
         f"replica{'s' if replicas != 1 else ''}), dtype policy {config.dtype_policy}",
         f"  model {config.model or 'custom'}, " + (f"weights {weights}" if weights else "random init"),

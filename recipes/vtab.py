@@ -37,6 +37,7 @@ from recipes import inputs
 from recipes import rundir
 from recipes import train
 from recipes.configs import SMOKE
+from recipes.configs import VTAB_PREFIX
 from recipes.configs import Named
 from recipes.configs import Recipe
 from recipes.configs import VtabConfig
@@ -98,7 +99,7 @@ def check_config(config):
 def run_task(task, config, task_dir, setup, callbacks=()):
     """Fine-tunes and evaluates one task (resumable); returns its row."""
     start = time.perf_counter()
-    result = train.sweep_and_train(config.replace(dataset=inputs.VTAB_PREFIX + task.key), task_dir,
+    result = train.sweep_and_train(config.replace(dataset=VTAB_PREFIX + task.key), task_dir,
                                    os.path.join(task_dir, "final"), setup, callbacks=callbacks,
                                    save=config.save_models)
     trials = result["sweep"]
@@ -110,7 +111,7 @@ def run_task(task, config, task_dir, setup, callbacks=()):
         "eval_examples": result["eval_examples"], "wall_time_s": time.perf_counter() - start,
         "sweep": [dict(learning_rate=t["learning_rate"], steps=t.get("total_steps"),
                        warmup_steps=t.get("warmup_steps"), val_accuracy=100.0 * t["val_accuracy"]) for t in trials],
-        "paper": task.paper.get(config.paper_model), "error": None,
+        "error": None,
     }
 
 
@@ -121,7 +122,7 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     with rundir.open_run("vtab", config, config_name) as run_dir:
         setup = checks.set_up(config)
         if config.verbose:
-            print("\n".join(train.start_header("vtab", run_dir, setup, config) + [
+            print("\n".join(train.start_header("vtab", run_dir, setup, config, log_dir=run_dir) + [
                 f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
                 f"updates of {config.batch_size} at {config.image_size} px"]), flush=True)
         failed = []
@@ -144,10 +145,9 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                     with open(os.path.join(task_dir, "error.txt"), "w") as f:
                         f.write(traceback.format_exc())
                     row = dict({c: None for c in CSV_COLUMNS}, task=task.key, name=task.name, group=task.group,
-                               status="failed", wall_time_s=time.perf_counter() - start,
-                               paper=task.paper.get(config.paper_model), error=message)
+                               status="failed", wall_time_s=time.perf_counter() - start, error=message)
                     failed.append(task.key)
-                    print(f"  {task.name} failed ({message.splitlines()[0][:300]}); traceback in "
+                    print(f"  {task.name} failed ({cli.one_line(message)[:500]}); traceback in "
                           f"{task_dir}/error.txt. Continuing.", flush=True)
                 else:
                     print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, {row['steps']} "
@@ -194,7 +194,7 @@ def report_markdown(rows, model_label, config):
     for r in rows:
         status = r["status"]
         if status != "done" and r.get("error"):
-            status += ": " + r["error"].splitlines()[0][:120].replace("|", "/")
+            status += ": " + cli.one_line(r["error"])[:300].replace("|", "/")
         lines.append(f"| {r['name']} | {r['group']} | {shown(r.get('accuracy'), '{:.2f}')} | {shown(r.get('paper'))} "
                      f"| {shown(r.get('learning_rate'))} | {shown(r.get('steps'))} | "
                      f"{shown(r.get('val_accuracy'), '{:.2f}')} | {r['wall_time_s']:.0f} | {status} |")
@@ -207,8 +207,9 @@ def write_report(run_dir, config, model_label):
     results.csv/json, report.md and report.png."""
     from keras_vit.data import vtab
 
-    rows = [row for row in (rundir.read_json(os.path.join(run_dir, "tasks", t.key, TASK_RESULT))
-                            for t in vtab.TASKS) if row is not None]
+    rows = [dict(row, paper=t.paper.get(config.paper_model)) for t, row in (
+        (t, rundir.read_json(os.path.join(run_dir, "tasks", t.key, TASK_RESULT))) for t in vtab.TASKS)
+        if row is not None]
     rundir.write_json(os.path.join(run_dir, "results.json"), rows)
     with open(os.path.join(run_dir, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")

@@ -28,6 +28,7 @@ multiplied by 255 in uint8, as in the original.
 """
 
 import dataclasses
+import math
 import warnings
 from typing import Callable, Mapping, Optional, Tuple
 
@@ -483,7 +484,9 @@ def vtab_pipeline(
     image_size=384,
     training=None,
     augmentation="resize_crop",
+    flip=True,
     resize_size=None,
+    batch_augmentation=None,
     data_dir=None,
     download=True,
     manual_dir=None,
@@ -511,8 +514,12 @@ def vtab_pipeline(
         augmentation: training crop, `"resize_crop"` (the paper's, default),
             `"inception_crop"` (vit_jax's fine-tuning default) or `"resize"`;
             the task's BiT rules still switch crops and flips off.
+        flip: bool. False turns the random flip off for every task (the
+            task's BiT rule turns it off for some either way).
         resize_size: side before the random crop. Defaults to
             `image_size * 448 / 384`.
+        batch_augmentation: Keras preprocessing layers on the training
+            batches (not in the paper), as `keras_vit.data.finetune_pipeline`.
         data_dir, download, manual_dir: as `load_task`.
         shuffle_buffer, repeat, cache, seed, pad_to_batch: as
             `keras_vit.data.finetune_pipeline`.
@@ -527,6 +534,7 @@ def vtab_pipeline(
     if training is None:
         training = split in TRAIN_SPLITS
     _checks.one_of(augmentation, "augmentation", pipelines.FINETUNE_AUGMENTATIONS)
+    _checks.boolean(flip, "flip")
     source = load_task(task, split, data_dir=data_dir, download=download, manual_dir=manual_dir)
     return pipelines.finetune_pipeline(
         source,
@@ -534,8 +542,9 @@ def vtab_pipeline(
         batch_size=batch_size,
         image_size=image_size,
         augmentation=augmentation if task.random_crop else "resize",
-        flip=task.random_flip,
+        flip=flip and task.random_flip,
         resize_size=resize_size,
+        batch_augmentation=batch_augmentation,
         shuffle_buffer=shuffle_buffer,
         repeat=repeat,
         cache=cache,
@@ -550,6 +559,20 @@ def paper_results(model=PAPER_MODELS[0]):
     return {t.name: t.paper[model] for t in TASKS}
 
 
+def _by_key(accuracies):
+    """`{task key: accuracy}` of `{task key or name: accuracy or None}`; a
+    task given twice (`"dtd"` and `"DTD"`) is refused, not one value kept."""
+    by_key, given = {}, {}
+    for name, value in accuracies.items():
+        key = get_task(name).key
+        if key in given:
+            raise ValueError(f"`accuracies` gives task {key!r} twice. Received: {given[key]!r} and {name!r}")
+        given[key] = name
+        if value is not None:
+            by_key[key] = float(value)
+    return by_key
+
+
 def group_means(accuracies):
     """The means of Table 9 over `{task key or name: accuracy}`.
 
@@ -558,7 +581,7 @@ def group_means(accuracies):
     many are present and how many the group has. The overall mean averages
     the tasks (as the paper's "Mean" column), not the group means.
     """
-    by_key = {get_task(name).key: float(value) for name, value in accuracies.items() if value is not None}
+    by_key = _by_key(accuracies)
     means = {}
     for group, tasks in [(g, tasks_in_group(g)) for g in GROUPS] + [("mean", TASKS)]:
         values = [by_key[t.key] for t in tasks if t.key in by_key]
@@ -571,7 +594,7 @@ def table9_rows(accuracies, label):
     row (`accuracies`, `{task key or name: accuracy %}`, under `label`) and
     the paper's rows (`PAPER_MODELS`). A missing task is "–"; a group mean
     over part of its tasks is marked "*"."""
-    ours = {get_task(name).key: value for name, value in accuracies.items() if value is not None}
+    ours = _by_key(accuracies)
 
     def row(name, values):
         cells = [f"{values[t.key]:.1f}" if t.key in values else "–" for t in TASKS]
@@ -592,16 +615,26 @@ def bar_chart(accuracies, path, label, paper_model=PAPER_MODELS[-1]):
     `path` (any format matplotlib writes), drawn on a bare
     `matplotlib.figure.Figure` (no pyplot state, no display). Returns
     `path`."""
+    _bar_chart_figure(accuracies, label, paper_model).savefig(path, dpi=120)
+    return path
+
+
+def _bar_chart_figure(accuracies, label, paper_model):
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     _checks.one_of(paper_model, "paper_model", PAPER_MODELS)
-    ours = {get_task(name).key: value for name, value in accuracies.items() if value is not None}
+    ours = _by_key(accuracies)
     colours = {"natural": "#4c72b0", "specialized": "#dd8452", "structured": "#55a868"}
     means, paper_means = group_means(ours), group_means(paper_results(paper_model))
     summaries = (*GROUPS, "mean")
-    labels = [t.name for t in TASKS] + ["Natural", "Specialized", "Structured", "Mean"]
-    mine = [ours.get(t.key, 0.0) for t in TASKS] + [means[g][0] or 0.0 for g in summaries]
+    # A task not run has no bar and a "(–)" label; a mean over part of its
+    # tasks is marked "*", as in `table9_rows`.
+    labels = [t.name if t.key in ours else f"{t.name} (–)" for t in TASKS] + [
+        name + ("" if means[g][1] == means[g][2] else "*")
+        for name, g in zip(("Natural", "Specialized", "Structured", "Mean"), summaries)]
+    mine = [ours.get(t.key, math.nan) for t in TASKS] + [
+        math.nan if means[g][0] is None else means[g][0] for g in summaries]
     theirs = [t.paper[paper_model] for t in TASKS] + [paper_means[g][0] for g in summaries]
     edge = [colours.get(g, "#444444") for g in [t.group for t in TASKS] + list(summaries)]
     x = range(len(labels))
@@ -612,11 +645,11 @@ def bar_chart(accuracies, path, label, paper_model=PAPER_MODELS[-1]):
     ax.set_xticks(list(x))
     ax.set_xticklabels(labels, rotation=60, ha="right")
     ax.set(ylabel="Top-1 accuracy (%)", ylim=(0, 100))
-    ax.set_title("VTAB-1k", loc="left")
+    ax.set_title("VTAB-1k" + ("" if means["mean"][1] == len(TASKS) else
+                              f" ({means['mean'][1]} of {len(TASKS)} tasks; * mean over those run)"), loc="left")
     handles = [Patch(facecolor="#777777", label=label),
                Patch(facecolor="none", edgecolor="#777777", hatch="//", label=f"{paper_model}, paper")]
     handles += [Patch(facecolor=c, label=g) for g, c in colours.items()]
     ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=5, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return fig

@@ -151,6 +151,15 @@ def test_table9_rows_and_bar_chart(tmp_path):
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="paper_model='ViT-B/16'"):
         vtab.bar_chart(ours, str(tmp_path / "other.png"), "mine", paper_model="ViT-B/16")
+    # SVHN has no bar (it was drawn as 0 %), the partial means are marked
+    # as in the table, and the title says how many tasks ran.
+    ax, = vtab._bar_chart_figure(ours, "mine", vtab.PAPER_MODELS[-1]).axes
+    labels = [tick.get_text() for tick in ax.get_xticklabels()]
+    assert labels[6] == "SVHN (–)" and labels[0] == "Caltech101"
+    assert labels[19:] == ["Natural*", "Specialized", "Structured", "Mean*"]
+    heights = [bar.get_height() for bar in ax.containers[0]]
+    assert np.isnan(heights[6]) and heights[0] == 80.0 and heights[19] == pytest.approx(55.0)
+    assert "18 of 19 tasks" in ax.get_title(loc="left")
 
 
 # ---------------------------------------------------------------------------
@@ -355,6 +364,27 @@ def test_bit_switches_and_eval_is_a_plain_resize(tmp_path):
         train, _ = next(iter(vtab.vtab_pipeline("dtd", "train800", **kwargs)))
         evaluation, _ = next(iter(vtab.vtab_pipeline("dtd", "test", **kwargs)))
         assert np.abs(train.numpy() - evaluation.numpy()).max() > 0.01
+
+
+def test_flip_and_batch_augmentation_reach_every_task(tmp_path):
+    """`flip=False` and `batch_augmentation` were not parameters, so the
+    recipes' `--flip=false` and `--batch_augmentation` trained VTAB tasks
+    with flips and without the layers."""
+    with tfds.testing.mock_data(num_examples=4):
+        # DMLab: no crop (BiT), so only the flip changes the images.
+        kwargs = dict(batch_size=4, image_size=16, data_dir=tmp_path, shuffle_buffer=1, seed=0)
+
+        def rows(**options):
+            images, labels = next(iter(vtab.vtab_pipeline("DMLab", "train800", **kwargs, **options)))
+            return sorted(x.tobytes() for x in images.numpy()), labels.numpy()
+
+        plain, _ = rows(training=False)
+        assert rows(flip=False)[0] == plain
+        assert rows()[0] != plain  # seed 0 flips at least one of the 4
+        _, mixed = rows(flip=False, batch_augmentation="MixUp")
+        assert np.any(mixed.max(-1) < 0.99) and np.allclose(mixed.sum(-1), 1.0)  # mixed pairs
+        with pytest.raises(ValueError, match="Received: flip='no'"):
+            vtab.vtab_pipeline("DMLab", "train800", flip="no", **kwargs)
 
 
 def test_eval_pad_to_batch(tmp_path):

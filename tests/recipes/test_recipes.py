@@ -892,6 +892,20 @@ def test_pretrain_killed_then_resumed_by_the_same_command(tmp_path, capsys):
     assert (tmp_path / "model.keras").exists() and (tmp_path / "model.npz").exists()
 
 
+@pytest.mark.one_backend
+def test_a_resumed_run_logs_the_epochs_it_trains_again_once(tmp_path):
+    """Epochs trained after the last checkpoint are trained again on resume:
+    their rows were kept in history.csv and logged a second time."""
+    path = tmp_path / "history.csv"
+    path.write_text("epoch,loss\n0,3.0\n1,2.0\n2,1.5\n3,1.")  # killed while writing epoch 3
+    train.trim_history(str(path), 2)  # resumed at epoch 2
+    assert path.read_text() == "epoch,loss\n0,3.0\n1,2.0\n"
+    train.trim_history(str(path), 0)
+    assert path.read_text() == "epoch,loss\n"
+    train.trim_history(str(tmp_path / "none.csv"), 1)  # a first start
+    assert os.listdir(tmp_path) == ["history.csv"]
+
+
 # ---------------------------------------------------------------------------
 # The evaluation loss on padded batches (issue 12).
 # ---------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from keras_vit.data import vtab
+from recipes import checks
+from recipes import finetune
 from recipes import inputs
 from recipes import rundir
 from recipes import train
@@ -55,6 +57,9 @@ def test_group_means_on_hand_made_numbers():
     assert means["natural"] == (pytest.approx((280.0 - 30.0 - 50.0) / 5), 5, 7)
     assert means["structured"] == (pytest.approx((428.0 - 55.0) / 7), 7, 8)  # KITTI-Dist is 55
     assert means["mean"][1] == 16
+    # A task given twice (key and name) is refused, not one value kept.
+    with pytest.raises(ValueError, match=r"gives task 'dtd' twice. Received: 'dtd' and 'DTD'"):
+        vtab.group_means({"dtd": 50.0, "DTD": 60.0})
     # The paper's own Table 9 means.
     for model in vtab.PAPER_MODELS:
         paper = vtab.group_means(vtab.paper_results(model))
@@ -108,6 +113,13 @@ def test_task_selection_and_config_checks():
     _, config, _ = runner.parse(["--paper_model=ViT-B/16"])
     with pytest.raises(ValueError, match="paper_model"):
         runner.check_config(config)
+    # The tasks train through the fine-tuning pipeline: the pretrain
+    # pipeline's AugReg presets were ignored without a word.
+    for argv in (["--pipeline=pretrain", "--augreg=medium2"], ["--pipeline=pretrain", "--augmentation=resize"]):
+        with pytest.raises(ValueError, match="VTAB tasks train through the fine-tuning pipeline.*--pipeline=pretrain"):
+            runner.check_config(runner.parse(argv)[1])
+    with pytest.raises(ValueError, match="Received: --pipeline=pretrain"):
+        checks.check(finetune.parse(["--smoke", "--dataset=vtab:dtd", "--pipeline=pretrain"])[1])
     _, config, _ = runner.parse([])
     assert (config.learning_rate, config.total_steps, config.batch_size, config.image_size) == (0.01, 2500, 512, 384)
     assert config.sweep is False and runner.parse(["--config=augreg"])[1].sweep is True
@@ -223,6 +235,18 @@ def test_outputs_csv_json_markdown_and_chart(smoke_runs):
     png = (run_dir / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert re.search(r"ViT \(random init\)", markdown)
+
+
+def test_another_paper_row_rewrites_the_report(smoke_runs, capsys):
+    """`--paper_model` chooses the report's paper row only: the same run
+    directory takes another (it was refused as another config, with advice
+    to --overwrite every finished task), and the report shows its numbers."""
+    run_dir, *_ = smoke_runs
+    again = runner.main(SMOKE + [f"--run_dir={run_dir}", "--paper_model=ViT-H/14 (JFT)", "--verbose=1"])
+    assert again["failed"] == [] and "(Paper column: ViT-H/14 (JFT).)" in again["report"]
+    assert {r["task"]: r["paper"] for r in again["rows"]} == {t.key: t.paper["ViT-H/14 (JFT)"] for t in vtab.TASKS}
+    assert f"tensorboard --logdir {run_dir}\n" in capsys.readouterr().out  # the tasks' logs are below it
+    runner.main(SMOKE + [f"--run_dir={run_dir}"])  # the module's other tests read the default row
 
 
 def test_augreg_sweep_choices(tmp_path, monkeypatch):
