@@ -336,6 +336,34 @@ def _tensorflow_setup(mode, tpu, devices):
     )
 
 
+def check_scope(model, function):
+    """Raises ValueError when `model`'s variables are distributed (created
+    in a `DistributionSetup.scope()`) and no distribution is active: the
+    variables `function` adds would live on one device, and `fit` would
+    fail with the backend's message (JAX: incompatible devices; TensorFlow:
+    a bare assertion)."""
+    backend = keras.backend.backend()
+    variable = next(iter(model.weights), None)
+    if variable is None or backend not in ("tensorflow", "jax"):
+        return
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        value = variable.value
+        devices = (value.distribute_strategy.num_replicas_in_sync
+                   if isinstance(value, tf.distribute.DistributedValues) else 1)
+        active = tf.distribute.has_strategy()
+    else:
+        sharding = getattr(variable.value, "sharding", None)
+        devices = len(sharding.device_set) if sharding is not None else 1
+        active = keras.distribution.distribution() is not None
+    if devices > 1 and not active:
+        raise ValueError(
+            f"`{function}` adds variables to model {model.name!r}, whose variables are distributed over "
+            f"{devices} devices: call it inside the `setup.scope()` the model was created in (outside, the "
+            f"new variables would live on one device). Received: model={model.name!r}")
+
+
 def tf_replica_context():
     """The TF replica context when gradients are split over >1 replicas.
 

@@ -5,6 +5,8 @@ import numbers
 
 import keras
 
+from keras_vit import distribute
+
 
 def _head(model):
     try:
@@ -46,6 +48,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         raise ValueError(
             f"`model` must be a functional keras_vit model. Received: model={model!r}"
         )
+    distribute.check_scope(model, "reset_head")
     head = _head(model)
     features = model.outputs[0] if head is None else head.input
     if head is None and len(features.shape) != 2:

@@ -18,7 +18,9 @@ import zipfile
 import keras
 import numpy as np
 
+from keras_vit import distribute
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
+from keras_vit.layers.utils import is_real
 from keras_vit.weights.npz import write_npz
 
 # The sub-layers LoRA can adapt in each encoder block: the attention's
@@ -65,18 +67,22 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
 
     Args:
         model: a keras_vit ViT or hybrid (built).
-        rank: int > 0, the rank of the update `A @ B`.
+        rank: int > 0, the rank of the update `A @ B` (for query, key and
+            value, of each head's part: Keras factorises them per head).
         targets: names from `TARGETS`: `"query"`, `"key"`, `"value"`,
             `"output"` (the attention projections) and `"mlp"` (both MLP
             layers). Defaults to query and value.
-        alpha: the update's scale is `alpha / rank`. Defaults to `rank`
-            (a scale of 1, Keras' default).
+        alpha: a positive number; the update's scale is `alpha / rank`.
+            Defaults to `rank` (a scale of 1, Keras' default).
 
     Returns:
         `model`, whose trainable weights are the adapters and the head.
     """
     if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
         raise ValueError(f"`rank` must be a positive int. Received: rank={rank!r}")
+    if alpha is not None and not (is_real(alpha) and alpha > 0):
+        # 0 would train nothing (B's gradient is scaled by it), NaN everything to NaN.
+        raise ValueError(f"`alpha` must be None or a positive finite number. Received: alpha={alpha!r}")
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:
@@ -86,6 +92,7 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
         raise ValueError(
             f"`targets` {targets} match no layer of model {model.name!r}: it has no TransformerEncoderBlock. "
             f"Received: model={model.name!r}")
+    distribute.check_scope(model, "enable_lora")
     if lora_layers(model):
         raise ValueError(f"LoRA is already enabled on model {model.name!r} (rank "
                          f"{lora_layers(model)[0].lora_rank}); enable it once. Received: rank={rank}")
@@ -97,6 +104,11 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     # the adapters and the head is frozen here.
     head = _head_layer(model)
     head_variables = {id(v) for v in head.weights} if head is not None else set()
+    # Every layer trainable again (a frozen backbone's too), then the
+    # variables frozen one by one. False first: on TensorFlow, assigning
+    # the value an attribute already holds does not run the setter, which
+    # would leave the frozen sub-layers, and their adapters, frozen.
+    model.trainable = False
     model.trainable = True
     for variable in model.weights:
         if not (_is_adapter(variable) or id(variable) in head_variables):

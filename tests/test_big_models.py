@@ -4,6 +4,7 @@ saves them alone, and merges for export."""
 
 import errno
 import os
+import re
 import sys
 
 import keras
@@ -224,6 +225,17 @@ def test_lora_targets_and_errors(tmp_path, monkeypatch):
             keras_vit.enable_lora(_model(False), rank=rank)
     with pytest.raises(ValueError, match="`targets` must be names from"):
         keras_vit.enable_lora(_model(False), rank=2, targets=("query", "qkv"))
+    # 0 trained nothing (B's gradient is scaled by it), NaN gave NaN losses,
+    # a string failed in fit naming neither.
+    for alpha in (0, -8, float("nan"), "8", True):
+        with pytest.raises(ValueError, match=re.escape(f"Received: alpha={alpha!r}")):
+            keras_vit.enable_lora(_model(False), rank=2, alpha=alpha)
+    # After `freeze_backbone` too, the adapters and the head train: on
+    # TensorFlow the frozen blocks (and their new adapters) stayed frozen,
+    # so only the head trained.
+    frozen = keras_vit.enable_lora(keras_vit.freeze_backbone(_model(False)), rank=2)
+    assert sorted(v.path.split("/")[-1] for v in frozen.trainable_weights) == ["bias", "kernel"] + [
+        "lora_kernel_a"] * 4 + ["lora_kernel_b"] * 4
     features = keras.Model(*(lambda i: (i, keras.layers.Dense(3, name="head")(i)))(keras.Input((4,))))
     with pytest.raises(ValueError, match="match no layer of model"):
         keras_vit.enable_lora(features, rank=2)

@@ -271,6 +271,34 @@ def _assert_clipping_active(report, name):
     np.testing.assert_allclose(norms, report["accum_single_norms"], rtol=1e-5, err_msg=name)
 
 
+def _new_variables_outside_the_scope(setup):
+    """`enable_lora` and `reset_head` outside the scope of a distributed
+    model: one clear error each (fit failed later with JAX's "incompatible
+    devices" or TensorFlow's bare AssertionError); inside, they work."""
+    with setup.scope():
+        model = keras_vit.ViT(None, **TINY)
+    errors = []
+    for add in (lambda m: keras_vit.enable_lora(m, rank=2), lambda m: keras_vit.reset_head(m, 3)):
+        try:
+            add(model)
+            errors.append("no error")
+        except ValueError as error:
+            errors.append(str(error))
+    with setup.scope():
+        adapted = keras_vit.reset_head(keras_vit.enable_lora(model, rank=2), 3)
+        adapted.compile(optimizer=training.MomentumSGD(0.01), loss=training.SigmoidCrossEntropy())
+        rng = np.random.default_rng(2)
+        adapted.fit(rng.uniform(-1, 1, (16, 16, 16, 3)).astype("float32"), np.eye(3, dtype="float32")[[0, 1] * 8],
+                    batch_size=8, epochs=1, verbose=0)
+    return errors
+
+
+def _assert_new_variables_need_the_scope(errors, devices):
+    for error, function in zip(errors, ("enable_lora", "reset_head")):
+        assert error.startswith(f"`{function}` adds variables to model") and (
+            f"distributed over {devices} devices: call it inside the `setup.scope()`") in error, error
+
+
 def _jax_child():
     import jax
 
@@ -312,6 +340,7 @@ def _jax_child():
     report["mp_weights_error"] = max(
         float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
     )
+    report["outside_scope"] = _new_variables_outside_the_scope(setup)
     # Gradient accumulation (2 micro-batches of 8 rows over 8 devices, one
     # row each) equals one device fed the whole batches of 16.
     whole = _accumulation_report(none, weights, xa, ya, report, "accum_single")
@@ -365,6 +394,7 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices(jax_child):
     np.testing.assert_allclose(report["data_parallel"], single, rtol=1e-5)
     np.testing.assert_allclose(report["model_parallel"], single, rtol=1e-5)
     assert report["dp_weights_error"] < 1e-5 and report["mp_weights_error"] < 1e-5
+    _assert_new_variables_need_the_scope(report["outside_scope"], 8)
     # Accumulated micro-batches == whole batches, on 1 and 8 devices, with
     # the schedule advancing once per update (6 updates from 12 batches).
     for name in ("accum_single", "accum_dp", "accum_mp"):
@@ -434,6 +464,7 @@ def _tf_child():
     report["weights_error"] = max(
         float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
     )
+    report["outside_scope"] = _new_variables_outside_the_scope(setup)
     # The first gradient's global norm: clipping at 1.0 is active, so
     # clipping each replica's half before the sum (what Keras does) would
     # not match one device.
@@ -503,6 +534,7 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
     # Global clipping of the summed gradient: same as one device.
     np.testing.assert_allclose(report["mirrored"], single, rtol=1e-5)
     assert report["weights_error"] < 1e-5
+    _assert_new_variables_need_the_scope(report["outside_scope"], 2)
     assert report["gradient_norm"] > 2.0  # clipping is active
     for name in ("accum_single", "accum_mirrored"):
         assert report[name] < 1e-5, (name, report[name])
