@@ -27,7 +27,8 @@ def from_timm(
     `model_args` and `pretrained_cfg`); an architecture or option keras_vit
     cannot express is refused, naming it, before the weights are
     downloaded. Logits and features equal timm's (docs/weights.md lists the
-    families).
+    families), at any `input_shape`; another `patch_size` is PI-resized as
+    big_vision does, not as timm's loader.
 
     Args:
         source: a Hub repository, `"hf-hub:timm/NAME"`, `"timm/NAME"` or the
@@ -73,9 +74,11 @@ def from_timm(
     builder.pop("include_top")
     if input_shape is not None:
         if isinstance(input_shape, (tuple, list)) and None in tuple(input_shape)[:2]:
-            # A dynamic-size model keeps the checkpoint's embeddings as they
-            # are and resamples them in its graph as timm would.
-            builder.update(image_size=tuple(builder["input_shape"][:2]), posemb_interpolation=posemb_interpolation)
+            # A dynamic-size model keeps the checkpoint's embeddings (resampled
+            # once along a fixed side) and resamples them in its graph as timm would.
+            stored = zip(tuple(input_shape)[:2], builder["input_shape"][:2])
+            builder.update(image_size=tuple(side if side is not None else checkpoint for side, checkpoint in stored),
+                           posemb_interpolation=posemb_interpolation)
         builder["input_shape"] = input_shape
     if include_top:
         classes = checkpoint_classes if num_classes is None else num_classes

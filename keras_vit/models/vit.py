@@ -180,9 +180,9 @@ def ViT(
         classifier_activation: None (logits) or an activation such as
             `"softmax"` for the head.
         name: model name. Defaults to the variant's name in snake case.
-        posemb_interpolation: `"linear"` (the original's) or `"bicubic"`:
-            how position embeddings of a checkpoint at another resolution are
-            resampled.
+        posemb_interpolation: `"linear"` (the original's), `"bicubic"` or
+            `"bicubic_antialias"` (timm's): how position embeddings of a
+            checkpoint at another resolution are resampled.
         include_preprocessing: bool. If True, the model takes raw images
             (uint8 or float pixels in [0, 255]) and applies
             `keras_vit.preprocess_input` inside the graph (a weightless

@@ -191,10 +191,11 @@ def _config_grid(args):
     """The patch grid a timm config describes (`img_size` / `patch_size`), or
     None where it does not say."""
     size, patch = args.get("img_size"), args.get("patch_size")
-    if size is None or not isinstance(patch, int):
+    if size is None or patch is None:
         return None
     size = (size, size) if isinstance(size, int) else tuple(size)
-    return (size[0] // patch, size[1] // patch)
+    patch = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    return (size[0] // patch[0], size[1] // patch[1])
 
 
 def _check_numerics(model, expected):

@@ -200,6 +200,14 @@ def load_timm_state(model, state, interpolation="bicubic_antialias", source_grid
             notes.append("head: the checkpoint's is left out (the model has none).")
         arrays = {k: v for k, v in arrays.items() if k not in head_keys}
         mapping = {k: v for k, v in mapping.items() if k not in head_keys}
+    names = {layer.name for layer in model.layers}
+    if not names & {"head", "pool", "map_head"}:
+        # The token sequence (`include_top=False, pooling=None`): timm's
+        # `forward_features`, before the head's fc_norm and attention pooling.
+        for prefix in ("fc_norm.", "attn_pool."):
+            if any(key.startswith(prefix) for key in arrays):
+                notes.append(f"{prefix[:-1]}: the checkpoint's is left out (the model returns the token sequence).")
+                arrays = {k: v for k, v in arrays.items() if not k.startswith(prefix)}
     missing = sorted(set(mapping) - set(arrays))
     unexpected = sorted(set(arrays) - set(mapping))
     converted, wrong = {}, []
@@ -392,8 +400,9 @@ def config_args(config):
     if "act_layer" in model_args and not isinstance(model_args["act_layer"], str):
         raise ValueError(f"model_args.act_layer must be a name. Received: {model_args['act_layer']!r}")
     args.update(model_args)
-    if isinstance(args.get("img_size"), (list, tuple)):
-        args["img_size"] = tuple(args["img_size"])
+    for key in ("img_size", "patch_size"):  # JSON lists: (height, width)
+        if isinstance(args.get(key), (list, tuple)):
+            args[key] = tuple(args[key])
     return args, pretrained
 
 
@@ -444,8 +453,11 @@ def timm_args(model):
     # tokens out unless `pool_include_prefix`, an argument since timm 1.0.x:
     # written only when needed.
     include_prefix = global_pool in ("avg", "map") and parts.num_prefix_tokens > 0 and pool.num_prefix_tokens == 0
+    patch = parts.embedding_patch_size
     return _EXPORT_ARCHITECTURES[block.layer_norm_epsilon], dict(
-        img_size=list(parts.image_size), patch_size=parts.embedding_patch_size[0], embed_dim=parts.hidden_size,
+        img_size=list(parts.image_size), embed_dim=parts.hidden_size,
+        # timm takes (height, width); one int for the usual square patch.
+        patch_size=patch[0] if patch[0] == patch[1] else list(patch),
         depth=parts.num_layers, num_heads=parts.num_heads, mlp_ratio=parts.mlp_dim / parts.hidden_size,
         class_token=parts.has_class_token, reg_tokens=parts.num_prefix_tokens - int(parts.has_class_token),
         no_embed_class=parts.posemb_prefix_tokens == 0 and parts.num_prefix_tokens > 0,

@@ -72,6 +72,29 @@ def test_family_loads_with_timms_logits_and_features(family):
         assert_close_rel(backbone.predict(images.transpose(0, 2, 3, 1), verbose=0), features, tol=1e-4)
 
 
+@pytest.mark.parametrize("family", ["siglip", "gap_fc_norm"])
+def test_the_token_sequence_is_timms_forward_features(family):
+    """`include_top=False, pooling=None` of a checkpoint whose head pools by
+    attention (SigLIP) or normalises after averaging (`fc_norm`): those
+    keys were refused as another architecture, so the dense features of
+    such a checkpoint could not be had."""
+    args = {**TINY, **FAMILIES[family]}
+    reference = _timm_model(args)
+    state = {key: value.detach().numpy() for key, value in reference.state_dict().items()}
+    model = keras_vit.ViT(None, **{**timm_weights.builder_kwargs(args), "include_top": False, "pooling": None,
+                                   "num_classes": None})
+    notes = timm_weights.load_timm_state(model, state)
+    assert [note for note in notes if "left out (the model returns the token sequence)" in note]
+    images = np.random.default_rng(1).uniform(-1, 1, (2, 3, 32, 32)).astype("float32")
+    with torch.no_grad():
+        expected = reference.forward_features(torch.from_numpy(images)).numpy()
+    assert_close_rel(model.predict(images.transpose(0, 2, 3, 1), verbose=0), expected, tol=1e-4)
+    # A model that pools still refuses them: a missing fc_norm would change its numbers.
+    pooled = keras_vit.ViT(None, **{**timm_weights.builder_kwargs(args), "fc_norm": False, "classifier": "gap"})
+    with pytest.raises(ValueError, match="fc_norm|attn_pool"):
+        timm_weights.load_timm_state(pooled, state)
+
+
 def test_a_state_dict_of_other_options_is_refused_and_nothing_changes():
     args = {**TINY, **FAMILIES["deit3"]}
     state = {k: v.detach().numpy() for k, v in _timm_model(args).state_dict().items()}

@@ -224,6 +224,22 @@ def test_export_timm_round_trips_through_timms_own_loader(kind, tmp_path):
     assert_close_rel(again.predict(images(), verbose=0), ours, tol=1e-6)
 
 
+def test_a_non_square_patch_exports_as_timms_pair(tmp_path):
+    """`patch_size=(8, 4)` was written as 8: timm refused the position
+    embedding's size and `from_timm` could not infer the grid."""
+    model = keras_vit.ViT(None, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=(8, 4),
+                          input_shape=(32, 32, 3), num_classes=3)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(0.0, 0.3, tuple(variable.shape)).astype("float32"))
+    directory = keras_vit.export_timm(model, tmp_path / "export")
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["model_args"]["patch_size"] == [8, 4]
+    logits, _ = reference(timm.create_model(f"local-dir:{directory}", pretrained=True).eval(), images())
+    ours = model.predict(images(), verbose=0)
+    assert_close_rel(ours, logits, tol=1e-4)
+    assert_close_rel(keras_vit.from_timm(directory).predict(images(), verbose=0), ours, tol=1e-6)
+
+
 @pytest.mark.one_backend
 def test_what_timm_cannot_express_is_not_exported(tmp_path):
     hybrid = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=2,
@@ -393,3 +409,8 @@ def test_from_timm_builds_a_dynamic_size_model_storing_the_checkpoints_embedding
     images = np.random.default_rng(0).uniform(-1, 1, (2, 48, 40, 3)).astype("float32")
     static = keras_vit.from_timm(str(tmp_path), input_shape=(48, 40, 3))
     assert_close_rel(keras.ops.convert_to_numpy(dynamic(images)), keras.ops.convert_to_numpy(static(images)), 1e-5)
+    # One side fixed (it was refused, naming an `image_size` never passed):
+    # the embeddings resampled once along it.
+    half = keras_vit.from_timm(str(tmp_path), input_shape=(None, 40, 3))
+    assert half.get_layer("posembed_input").grid == (4, 5)
+    assert_close_rel(keras.ops.convert_to_numpy(half(images)), keras.ops.convert_to_numpy(static(images)), 1e-5)
