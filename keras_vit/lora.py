@@ -158,6 +158,7 @@ def load_lora(model, path):
     model with `enable_lora` of the same rank and targets. A file for other
     adapters, another head or a damaged file is refused, naming the
     difference; `model` is then unchanged."""
+    path = os.path.expanduser(os.fspath(path))
     try:
         stored = np.load(path)  # never with pickles
         if not isinstance(stored, np.lib.npyio.NpzFile):

@@ -3,6 +3,7 @@
 import os
 
 from keras_vit.anatomy import anatomy
+from keras_vit.variants import resolve_variant
 from keras_vit.weights import cache, hub, registry
 from keras_vit.weights.hub import export_timm
 from keras_vit.weights.h5 import load_keras_weights
@@ -35,7 +36,8 @@ def load_weights(
             Named files are fetched from the public `vit_models` bucket into
             the cache of `keras_vit.weights.cache` (`~/.keras/models/keras_vit`
             or `$KERAS_VIT_CACHE_DIR/models/keras_vit`).
-        variant: the model's original config name; needed for registered names.
+        variant: the model's original config name or an alias (`"ViT-Ti_16"`,
+            `"Ti_16"`, `"Ti/16"`); needed for registered names.
         interpolation: how position embeddings from another resolution are
             resampled: `"linear"`, `"bicubic"` or `"bicubic_antialias"`.
             None (default): each format's own, `"linear"` for the original
@@ -67,7 +69,11 @@ def load_weights(
     interpolation = interpolation or "linear"
     if path.endswith(".weights.h5"):
         return load_keras_weights(model, path, allow_nonfinite=allow_nonfinite)
-    if not os.path.exists(path) and registry.is_registered(path):
+    # A registered name, unless a file of that name is here (a directory
+    # named `augreg` that holds no timm files does not hide the name).
+    if not os.path.isfile(path) and registry.is_registered(path):
+        if variant is not None:  # any alias of the model ("Ti/16", "Ti_16"), as `available_weights`
+            variant = resolve_variant(variant)[0]
         bucket_path = registry.resolve(path, variant, anatomy(model).image_size[0])
         registry.check_architecture(model, variant, path)
         plans, refusals = [], []

@@ -215,7 +215,13 @@ def _declared_length(origin):
     except urllib.error.HTTPError as error:
         if error.code in (405, 501):  # HEAD not supported: no length stated
             return None
-        raise
+        raise OSError(f"The server of {origin} answered {error.code} ({error.reason}); nothing was cached. "
+                      f"Received: origin={origin!r}") from None
+    except OSError as error:  # URLError, a timeout: no network, or no such host
+        raise OSError(
+            f"Cannot reach {origin} ({getattr(error, 'reason', error)}): offline, or a mirror that does not answer "
+            f"(KERAS_VIT_WEIGHTS_URL={registry.base_url()!r}); nothing was cached. Received: origin={origin!r}"
+        ) from None
     return int(length) if length is not None and length.strip().isdigit() else None
 
 

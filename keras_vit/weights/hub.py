@@ -39,9 +39,9 @@ def hub_repo(source):
     source = os.fspath(source)
     if source.startswith(HUB_PREFIX):
         return source[len(HUB_PREFIX):]
-    if os.path.exists(source):
+    if os.path.exists(os.path.expanduser(source)):
         return None
-    if source.count("/") == 1 and not source.startswith((".", "/")):
+    if source.count("/") == 1 and not source.startswith((".", "/", "~")):
         return source
     if "/" not in source and "." in source:
         return f"timm/{source}"
@@ -63,9 +63,13 @@ def read_safetensors(path):
         return {key: value.astype(np.float32) if value.dtype.name == "bfloat16" else value
                 for key, value in arrays.items()}
     except Exception as error:  # safetensors raises its own error types
+        # In the Hugging Face cache the path is a link to a blob, which the
+        # client links again as it is: the blob is what to delete.
+        real = os.path.realpath(path)
+        where = path if real == os.path.abspath(path) else f"{real} (the file {path} links to)"
         raise ValueError(
             f"{path} is not a readable safetensors file ({type(error).__name__}: {error}); a download may "
-            f"have been cut short: delete it and load again. Received: {path}"
+            f"have been cut short: delete {where} and load again. Received: {path}"
         ) from None
 
 
@@ -107,7 +111,7 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
     downloaded (so that an unsupported architecture is refused first)."""
     repo = hub_repo(source)
     if repo is None:
-        directory = os.fspath(source)
+        directory = os.path.expanduser(os.fspath(source))
         if not os.path.isdir(directory):
             raise ValueError(
                 "`source` must be a Hub repository (hf-hub:timm/NAME, timm/NAME or NAME.TAG) or a local "
@@ -140,6 +144,9 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
                              f"token). Received: source={source!r}") from None
         except errors.RevisionNotFoundError:
             raise ValueError(f"hf-hub:{repo} has no revision {revision!r}. Received: revision={revision!r}") from None
+        except errors.HFValidationError as error:  # not a repository name (nor a directory here)
+            raise ValueError(f"`source` is neither a local directory nor a Hub repository name ({error}). "
+                             f"Received: source={source!r}") from None
 
     config = download(CONFIG_NAME)
     if config is None:
@@ -251,7 +258,7 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
             "first_conv": "patch_embed.proj", "classifier": "head",
         },
     }
-    directory = os.fspath(directory)
+    directory = os.path.expanduser(os.fspath(directory))
     os.makedirs(directory, exist_ok=True)
     for name, write in ((WEIGHTS_NAME, lambda path: numpy_io.save_file(state, path)),
                         (CONFIG_NAME, lambda path: _write_text(path, json.dumps(config, indent=2) + "\n"))):

@@ -648,6 +648,7 @@ def write_npz(path, arrays):
     path = os.fspath(path)
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"`path` must be the path of an .npz file. Received: path={path!r}")
+    path = os.path.expanduser(path)  # as `load_weights` reads it
     target = os.path.realpath(path)  # Through symbolic links.
     # Only regular files are replaced: renaming over a FIFO or a device node
     # (as root, `/dev/null`) would replace it with a regular file.

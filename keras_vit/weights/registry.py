@@ -112,8 +112,8 @@ def resolve(weights, variant, resolution=None):
     if variant is None:
         raise ValueError(
             "Registered weights need a named variant (e.g. `ViT('ViT-B_16', "
-            "weights=...)`); a custom-size model can load a file path. "
-            f"Received: weights={weights!r}"
+            "weights=...)`, or `load_weights(model, weights, variant='ViT-B_16')`); "
+            f"a custom-size model can load a file path. Received: weights={weights!r}, variant=None"
         )
     name = str(weights).removesuffix(".npz")
     match = AUGREG_FILE.match(name)
@@ -130,7 +130,7 @@ def resolve(weights, variant, resolution=None):
         raise ValueError(
             f"No {weights!r} checkpoint is published for {variant}. Available "
             f"names for it: {available or 'none'} (or pass a file path). "
-            f"Received: weights={weights!r}"
+            f"Received: weights={weights!r}, variant={variant!r}"
         )
     if weights == "imagenet21k":
         return IMAGENET21K[variant]
@@ -194,5 +194,6 @@ def check_architecture(model, variant, weights):
             f"but this model has {', '.join(differences)}: keyword overrides changed "
             "the architecture, so the checkpoint cannot load (nothing was "
             "downloaded). Build the model without them, or load a file of this "
-            f"architecture by path. Received: weights={weights!r}"
+            f"architecture by path; `variant` must name this model's architecture. "
+            f"Received: weights={weights!r}, variant={variant!r}"
         )

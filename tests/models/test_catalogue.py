@@ -125,8 +125,16 @@ def test_index_is_downloaded_cached_and_parsed(index, local_bucket, tmp_path):
     # Cached: read again with the server's file gone; refresh=True downloads.
     (local_bucket / "augreg" / "index.csv").unlink()
     assert len(keras_vit.weights.augreg_index()) == len(ROWS)
-    with pytest.raises(Exception, match="URL fetch failure|404"):
+    # A failed refresh keeps the cached copy; the error names the URL (it
+    # was urllib's bare "HTTP Error 404" or "Connection refused").
+    with pytest.raises(OSError, match=r"The server of http://.*/augreg/index.csv answered 404 .*nothing was cached"):
         keras_vit.weights.augreg_index(refresh=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KERAS_VIT_WEIGHTS_URL", "http://127.0.0.1:9")  # nothing listens there
+        with pytest.raises(OSError, match=r"Cannot reach http://127.0.0.1:9/augreg/index.csv \(.*\): offline, or a "
+                                          r"mirror that does not answer \(KERAS_VIT_WEIGHTS_URL='http://127.0.0.1:9'\)"):
+            keras_vit.weights.augreg_index(refresh=True)
+    assert len(keras_vit.weights.augreg_index()) == len(ROWS)
 
 
 @pytest.mark.one_backend

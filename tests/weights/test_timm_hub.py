@@ -283,8 +283,35 @@ def test_missing_and_damaged_files_are_named(tmp_path):
         keras_vit.from_timm(str(local))
     weights = (snapshot / "model.safetensors").read_bytes()
     (local / "model.safetensors").write_bytes(weights[: len(weights) // 2])  # a cut-short download
-    with pytest.raises(ValueError, match="not a readable safetensors file"):
+    with pytest.raises(ValueError, match="not a readable safetensors file.*delete .*local/model.safetensors and"):
         keras_vit.from_timm(str(local))
+    # In the Hub's cache the snapshot's file links to a blob, which the
+    # client links again as it is: the advice names the blob.
+    blob = tmp_path / "blob"
+    blob.write_bytes(weights[: len(weights) // 2])
+    (snapshot / "model.safetensors").unlink()
+    (snapshot / "model.safetensors").symlink_to(blob)
+    with pytest.raises(ValueError, match=f"delete {blob} \\(the file .*model.safetensors links to\\) and load"):
+        keras_vit.from_timm(f"timm/{name}", cache_dir=tmp_path, local_files_only=True)
+    # Neither a directory nor a repository name: one error naming `source`.
+    with pytest.raises(ValueError, match=r"neither a local directory nor a Hub repository name.*source='a/b c'"):
+        keras_vit.from_timm("a/b c", cache_dir=tmp_path, local_files_only=True)
+
+
+@pytest.mark.one_backend
+def test_paths_in_the_home_directory(tmp_path, monkeypatch):
+    """`~` is expanded by the exports as by the loaders: `export_npz(m,
+    "~/x.npz")` wrote `./~/x.npz`, which `load_weights(m, "~/x.npz")` then
+    did not find; `from_timm("~/dir")` was taken for a Hub repository."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    model = keras_vit.ViT(None, hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=8,
+                          input_shape=(16, 16, 3), num_classes=3)
+    assert keras_vit.export_npz(model, "~/x.npz") == str(tmp_path / "x.npz")
+    keras_vit.load_weights(model, "~/x.npz")
+    assert keras_vit.export_timm(model, "~/exported") == str(tmp_path / "exported")
+    keras_vit.from_timm("~/exported")
+    assert sorted(os.listdir(tmp_path)) == ["exported", "x.npz"]
 
 
 @pytest.mark.one_backend

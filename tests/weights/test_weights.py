@@ -680,6 +680,25 @@ def test_registry_refuses_mismatches_before_download():
         tiny(weights="augreg")
 
 
+def test_load_weights_takes_every_alias_of_the_variant(bucket, tmp_path):
+    """`variant="Ti/16"` (what `available_weights` accepts) was "not
+    published"; a variant of another model says `variant` is at fault."""
+    upstream, _ = registry.AUGREG_RECOMMENDED["ViT-Ti_16"]
+    bucket.files[f"augreg/{upstream}.npz"] = npz_bytes(tmp_path, keras_vit.ViTTi16(input_shape=(32, 32, 3)))
+    model = keras_vit.ViTTi16(input_shape=(32, 32, 3))
+    (tmp_path / "augreg").mkdir()  # a folder of the name, here: not what the name means
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        for alias in ("Ti/16", "Ti_16", "ViT-Ti_16"):
+            keras_vit.load_weights(model, "augreg", variant=alias)
+    with pytest.raises(ValueError, match=r"Unknown ViT variant.*Received: variant='ViTTi16'"):
+        keras_vit.load_weights(model, "augreg", variant="ViTTi16")
+    with pytest.raises(ValueError, match=r"`variant` must name this model's architecture. Received: "
+                                         r"weights='augreg', variant='ViT-S_16'"):
+        keras_vit.load_weights(model, "augreg", variant="S/16")
+    assert len(bucket.requests) == 1
+
+
 class Bucket:
     """Files served over HTTP on the loopback interface, with a server's
     faults: a connection closed early without `Content-Length` (half-way, or
