@@ -376,6 +376,10 @@ class MaskedPatchPrediction(keras.Model):
         if isinstance(backbone, dict):
             backbone = keras.saving.deserialize_keras_object(backbone)
         kwargs.setdefault("name", "masked_patch_prediction")
+        # The targets are computed from the images as given: under a
+        # mixed policy, Keras would round them to bfloat16 first (pixel 32
+        # becomes 31.9, another colour bin); the backbone casts its own input.
+        kwargs["autocast"] = False
         super().__init__(**kwargs)
         if not isinstance(backbone, keras.Model):
             raise ValueError(f"`backbone` must be a keras_vit model. Received: backbone={backbone!r}")

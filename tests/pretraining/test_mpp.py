@@ -116,6 +116,23 @@ def test_mean_colour_targets_at_bin_edges():
         quantize_colors(colours, bits=9)
 
 
+def test_targets_under_mixed_precision_are_the_images_colours():
+    """Under `mixed_bfloat16`, Keras rounded the model's input to bfloat16
+    before the targets were computed: grey 32 (-0.749) became 31.9, bin 0
+    instead of 1 (4 % of flat patches off on TensorFlow and PyTorch)."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = MaskedPatchPrediction(keras_vit.ViT(None, include_top=False, input_shape=(8, 16, 3), **TINY), seed=0)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    pixels = np.zeros((1, 8, 16, 3), "float32")
+    pixels[:, :, :8], pixels[:, :, 8:] = 32.0, 224.0
+    outputs = model(keras_vit.preprocess_input(pixels), training=True)
+    np.testing.assert_array_equal(_np(outputs["targets"]), [[1 * 64 + 1 * 8 + 1, 511]])
+    assert keras.backend.standardize_dtype(outputs["predictions"].dtype) == "bfloat16"  # still computed in bfloat16
+
+
 def test_downsampled_and_pixel_targets():
     uint8 = _uint8_patch_image()
     image = keras_vit.preprocess_input(uint8[None])
