@@ -238,7 +238,8 @@ class MppConfig(ModelFields, DataFields, ScheduleFields, RunFields):
     bits: int = arg(3, "bits per colour channel of the target", valid="[1, 8]")
     quantization: str = arg("uint8", f"colour quantisation: {', '.join(MPP_QUANTIZATIONS)}")
     corruption_rate: float = arg(0.5, "share of the patches corrupted", valid="(0, 1]")
-    head_hidden_size: Optional[int] = arg(None, "hidden layer of the prediction head (default: the width)", valid="[1, inf)")
+    head_hidden_size: Optional[int] = arg(None, "width of a hidden layer in the prediction head (BERT's transform); "
+                                                "none: a linear head", valid="[1, inf)")
     synthetic_batches: int = arg(0, "dataset synthetic: cycle through this many batches; 0: new images every step",
                                  valid="[0, inf)")
 
@@ -272,7 +273,9 @@ class InspectConfig(Config):
     image_size: Optional[Tuple[int, ...]] = arg(
         None, "model input: one int (square) or height,width; default 224, or the saved model's", valid="[1, inf)")
     images: Optional[str] = arg(None, "a folder of images (sub-folders searched)")
-    run_dir: str = arg("runs/inspect", "where the figures, inspect.npz and summary.json go")
+    run_dir: str = arg("runs/inspect", "where the figures, inspect.npz and summary.json go (a new or empty "
+                                       "directory, or an inspection's)")
+    overwrite: bool = arg(False, "write over an earlier inspection of another config in run_dir")
     max_images: int = arg(128, "images for the attention distance (the paper used 128)", valid="[1, inf)")
     rollout_images: int = arg(4, "images shown in the rollout figure", valid="[1, inf)")
     components: int = arg(28, "principal components of the filters", valid="[1, inf)")

@@ -90,7 +90,8 @@ def write_digits(directory, test_fraction, seed):
     """The digits as 8x8 grey PNGs in `directory/{train,test}/<digit>/`.
 
     Pixel values 0-16 are scaled to 0-255. Returns the split sizes. Files
-    already there (a previous run with the same split) are reused.
+    already there (a previous run with the same split: the directory is the
+    split's) are reused.
     """
     import numpy as np
     import tensorflow as tf
@@ -153,7 +154,10 @@ def run(demo, config_name=None, smoke=False):
     # The demo's directory is a run directory too (its data, both runs and
     # the figures): --overwrite deletes them, and only them.
     with rundir.claim(demo.run_dir, demo.overwrite):
-        data_dir = os.path.join(demo.run_dir, "data", "digits")
+        # One folder per split: another --test_fraction or --seed writes
+        # its own (over the old one, files of both splits mixed), and the
+        # runs' recorded dataset then differs.
+        data_dir = os.path.join(demo.run_dir, "data", f"digits_test{demo.test_fraction:g}_seed{demo.seed}")
         sizes = write_digits(data_dir, demo.test_fraction, demo.seed)
         print(f"Digits written to {data_dir}: {sizes['train']} training, {sizes['test']} test images "
               "(8x8 grey, tiled to RGB by the pipeline).", flush=True)

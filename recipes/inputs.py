@@ -49,16 +49,25 @@ def load_source(config, split, class_names=None):
         try:
             return data.from_directory(folder, class_names=class_names, skip_bad_images=config.skip_bad_images)
         except ValueError as error:
-            raise RecipeError(f"--dataset={dataset}: {error}") from None
+            raise RecipeError(f"--dataset={dataset}: {as_flags(error)}") from None
     try:
         return data.from_tfds(dataset, split, data_dir=config.data_dir, download=config.download,
                               manual_dir=config.manual_dir)
-    except data.DatasetNotAvailableError as error:  # the library's advice, in the recipes' flags
-        raise RecipeError(str(error).replace("download=True", "--download=true").replace(
-            "manual_dir=", "--manual_dir=")) from None
+    except data.DatasetNotAvailableError as error:
+        raise RecipeError(as_flags(error)) from None
     except ValueError as error:  # an unknown name, a bad split
         raise RecipeError(f"--dataset={dataset}, split {split!r}: {one_line(error, details=0)} (a folder? "
                           f"there is none at {os.path.abspath(dataset)})") from None
+
+
+# The library's advice names its arguments (`skip_bad_images=True`); a
+# recipe's user passes flags.
+_ADVICE = re.compile(r"(?<![-\w])(download|manual_dir|skip_bad_images)=(True\b)?")
+
+
+def as_flags(error):
+    """The library's message with its arguments as the recipes' flags."""
+    return _ADVICE.sub(lambda m: f"--{m.group(1)}=" + ("true" if m.group(2) else ""), str(error))
 
 
 def _describe(label, split, source):

@@ -23,6 +23,7 @@ import tempfile
 
 from recipes import checks
 from recipes import cli
+from recipes import rundir
 from recipes.configs import SMOKE_MODEL
 from recipes.configs import InspectConfig
 from recipes.configs import Named
@@ -88,14 +89,20 @@ def load_images(config, size, directory):
 
 
 def run(config, config_name=None, smoke=False):
+    checks.check_fields(config)
+    if config.images is None and not smoke:
+        raise cli.RecipeError("give --images: a folder of images (or --smoke).")
+    # A run directory as every recipe's: never another run's, nor a live one.
+    with rundir.open_run("inspect_vit", config, config_name):
+        return _inspect(config, smoke)
+
+
+def _inspect(config, smoke):
     import keras
 
     import keras_vit
     from keras_vit import inspect as vit_inspect
 
-    checks.check_fields(config)
-    if config.images is None and not smoke:
-        raise cli.RecipeError("give --images: a folder of images (or --smoke).")
     keras.utils.set_random_seed(config.seed)
     model = build_model(config)
     try:

@@ -63,7 +63,10 @@ RECIPE = Recipe(
 
 def run(config, config_name=None, smoke=False, callbacks=()):
     """Runs a parsed config; returns the summary (also `summary.json`)."""
-    summary = train.run(RECIPE, config, config_name, callbacks=callbacks)
+    summary = train.run(RECIPE, config, config_name, smoke=smoke, callbacks=callbacks)
+    if "encoder_npz" not in summary:  # options the original format lacks (said at the start)
+        print(f"Fine-tune the encoder from {summary['backbone_keras']} (keras.saving.load_model).")
+        return summary
     if smoke:
         check_encoder_loads(summary)
     print(f"Fine-tune the encoder with keras_vit.ViT(..., weights={summary['encoder_npz']!r}).")

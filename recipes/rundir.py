@@ -30,6 +30,9 @@ RUN_ENTRIES = frozenset({
     "tasks", "results.json", "results.csv", "report.md", "report.png",  # vtab
     "samples", "mpp.weights.h5", "encoder.npz", "backbone.keras",  # pretrain_mpp
     "data", "pretrain", "finetune", "inspect",  # demo
+    # inspect_vit: keras_vit.inspect.write_figures' files, in any of its formats.
+    "inspect.npz", *(f"{figure}.{ext}" for figure in ("rollout", "posemb_similarity", "embedding_filters",
+                                                     "attention_distance") for ext in ("png", "svg", "pdf")),
 })
 # The lock of `keras_vit.training.BackupAndResume` in a run's checkpoints.
 _BACKUP_LOCK = "backup.lock"
@@ -186,6 +189,10 @@ def record_config(config, recipe, config_name, run_dir):
     saved = read_json(path)
     current = jsonable(config)
     started = saved is not None and any(name not in ("config.json", MARKER) for name in os.listdir(run_dir))
+    if started and saved.get("recipe", recipe) != recipe:
+        raise RecipeError(
+            f"the run directory {run_dir} holds a run of {saved['recipe']}, not of {recipe}: nothing was changed. "
+            f"Pass another --run_dir. Received: run_dir={run_dir!r}")
     if started:
         before = saved.get("config", {})
         changed = sorted(k for k in set(before) | set(current)

@@ -220,7 +220,7 @@ def build_model(config, num_classes, input_shape):
             return pretraining.MaskedPatchPrediction(
                 backbone, target=config.target, bits=config.bits, quantization=config.quantization,
                 corruption_rate=config.corruption_rate, head_hidden_size=config.head_hidden_size, seed=config.seed,
-            ), []
+            ), npz_notes(backbone, "encoder.npz", "backbone.keras")
         except ValueError as error:
             raise RecipeError(f"masked patch prediction: {error}") from None
     bias = kwargs.setdefault("head_bias_init", head_bias(config, num_classes))
@@ -247,7 +247,17 @@ def build_model(config, num_classes, input_shape):
         notes.append("remat: each encoder block's activations are recomputed in the backward pass.")
     if kwargs.get("representation_size") is not None or bias:
         notes.append(f"representation_size={kwargs.get('representation_size')}, head_bias_init={bias:g}")
-    return model, notes
+    return model, notes + npz_notes(model, "model.npz", "model.keras")
+
+
+def npz_notes(model, npz, keras_file):
+    """Said before training: the original `.npz` has no keys for some
+    options (`qk_norm`, registers, ...), so that file is not written."""
+    from keras_vit.weights.npz import original_format_problems
+
+    problems = original_format_problems(model)
+    return [f"{npz}: not written, the original format has no keys for {', '.join(problems)} ({keras_file} holds "
+            "the model)."] if problems else []
 
 
 def _vit(config, **kwargs):
@@ -256,7 +266,7 @@ def _vit(config, **kwargs):
     try:
         return keras_vit.ViT(config.model, **kwargs)
     except (ValueError, TypeError) as error:
-        raise RecipeError(f"the model (--model={config.model}, --model_overrides): {error}") from None
+        raise RecipeError(f"the model (--model={config.model or 'none'}, --model_overrides): {error}") from None
 
 
 def head_bias(config, num_classes):
@@ -293,28 +303,31 @@ def save_model(model, run_dir):
     lives in checkpoints/) and the original-format `model.npz` (with LoRA:
     of the merged model, and the adapters and head alone in `lora.npz`). Masked
     patch prediction: `mpp.weights.h5`, the encoder as `encoder.npz` and as
-    `backbone.keras`."""
+    `backbone.keras`. No `.npz` for options that format lacks (`npz_notes`)."""
     import keras
 
     import keras_vit
     from keras_vit import pretraining
+    from keras_vit.weights.npz import original_format_problems
 
     if isinstance(model, pretraining.MaskedPatchPrediction):
         model.save_weights(os.path.join(run_dir, "mpp.weights.h5"))
-        encoder = model.export_encoder(os.path.join(run_dir, "encoder.npz"))
         backbone = os.path.join(run_dir, "backbone.keras")
         model.backbone.save(backbone)
-        return {"encoder_npz": encoder, "backbone_keras": backbone}
+        if original_format_problems(model.backbone):  # said at the start (`npz_notes`)
+            return {"backbone_keras": backbone}
+        return {"encoder_npz": model.export_encoder(os.path.join(run_dir, "encoder.npz")), "backbone_keras": backbone}
     files = {}
     if keras_vit.lora.lora_layers(model):  # the adapters and head alone, then the merged model
         files["lora_npz"] = keras_vit.save_lora(model, os.path.join(run_dir, "lora.npz"))
         model = keras_vit.merge_lora(model)
-    npz = keras_vit.export_npz(model, os.path.join(run_dir, "model.npz"))
+    if not original_format_problems(model):
+        files["model_npz"] = keras_vit.export_npz(model, os.path.join(run_dir, "model.npz"))
     final = keras.Model.from_config(model.get_config())
     final.set_weights(model.get_weights())
     path = os.path.join(run_dir, "model.keras")
     final.save(path)
-    return {**files, "model_keras": path, "model_npz": npz}
+    return {**files, "model_keras": path}
 
 
 # ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ PNG files), `smoke_images()` writes a folder of random-pixel PNGs
 """
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -78,10 +79,16 @@ def mock_tfds(num_examples=16):
     manual_dir = tempfile.mkdtemp(prefix="keras_vit_mock_manual_")
     with open(os.path.join(manual_dir, "placeholder"), "w") as f:
         f.write("tensorflow-datasets is mocked (keras_vit.data.testing.mock_tfds)\n")
+    # tfds warns about the metadata its mock lacks ("Variant folder ... has
+    # no dataset_info.json"): lines about the mock, not the user's run.
+    absl = logging.getLogger("absl")
+    level = absl.level
+    absl.setLevel(logging.ERROR)
     try:
         with tfds.testing.mock_data(num_examples=num_examples, as_dataset_fn=as_dataset):
             yield manual_dir
     finally:
+        absl.setLevel(level)
         shutil.rmtree(manual_dir, ignore_errors=True)
 
 

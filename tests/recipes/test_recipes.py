@@ -249,6 +249,18 @@ def test_one_dialect_for_every_recipe():
     assert smoke and config.image_size == (32,) and config.dataset == "synthetic"
     _, config, _ = pretrain_mpp.parse(["--smoke", "--run_dir", "runs/y", "--image_size", "16,32", "--total_steps=5"])
     assert (config.run_dir, config.image_size, config.total_steps) == ("runs/y", (16, 32), 5)
+    # ... and reaches the trainer (`--smoke --dataset=cifar10` downloaded CIFAR-10).
+    seen = {}
+
+    def trainer(recipe, config, config_name, **kwargs):
+        seen.update(kwargs)
+        raise cli.RecipeError("stop")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train, "run", trainer)
+        with pytest.raises(cli.RecipeError, match="stop"):
+            pretrain_mpp.main(["--smoke", "--dataset=cifar10"])
+    assert seen["smoke"] is True
 
 
 @pytest.mark.one_backend
@@ -380,7 +392,8 @@ def test_demo_end_to_end(demo_run):
     run_dir, outcome = demo_run
     up, down = outcome["pretrain"], outcome["finetune"]
     # Real digits: 1,797 images split 80 / 20, stratified.
-    files = {s: sum(len(f) for _, _, f in os.walk(run_dir / "data" / "digits" / s)) for s in ("train", "test")}
+    files = {s: sum(len(f) for _, _, f in os.walk(run_dir / "data" / "digits_test0.2_seed0" / s))
+             for s in ("train", "test")}
     assert files == {"train": 1437, "test": 360}
     assert up["steps"] == 4 and down["steps"] == 4
     assert up["eval_examples"] == 360 and down["eval_examples"] == 360
@@ -475,6 +488,14 @@ def test_demo_rerun_is_instant_and_a_changed_config_is_refused(demo_run, monkeyp
     assert f"accuracy: {outcome['finetune']['accuracy']:.4f}" in out and "model_npz:" in out
     with pytest.raises(ValueError, match="another config .*total_steps: 4 -> 5"):
         demo.main(argv + ["--finetune_steps=5"])
+    # Another split: refused, the first split's files untouched (they were
+    # rewritten in place, 549 digits then in both splits, and the finished
+    # runs reported).
+    with pytest.raises(ValueError, match="another config .*dataset: .*digits_test0.2_seed0' -> .*digits_test0.5_seed0"):
+        demo.main(argv + ["--finetune_steps=4", "--test_fraction=0.5"])
+    split = {s: {name for _, _, names in os.walk(run_dir / "data" / "digits_test0.2_seed0" / s) for name in names}
+             for s in ("train", "test")}
+    assert (len(split["train"]), len(split["test"]), split["train"] & split["test"]) == (1437, 360, set())
     # From the command line: one `error:` line, exit status 2.
     with pytest.raises(SystemExit) as exit_info:
         cli.run_command(lambda: demo.main(argv + ["--finetune_steps=5"]))
@@ -1150,7 +1171,7 @@ def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):
     assert "a classifier needs two classes or more; 'train' has 1" in err, err
     (data_dir / "train" / "a" / "broken.jpg").write_bytes(b"<html>not an image</html>")
     err = _error(finetune.main, [*common, f"--run_dir={tmp_path / 'r2'}"], capsys)
-    assert "broken.jpg" in err, err
+    assert "broken.jpg" in err and "pass --skip_bad_images=true" in err, err  # the flag, not the library's argument
     summary = finetune.main([*common, f"--run_dir={tmp_path / 'r3'}", "--skip_bad_images", "--verbose=1"])
     assert summary["eval_examples"] == 8
     assert "train 'train' (8 examples, 2 classes, 1 unreadable files skipped)" in capsys.readouterr().out
@@ -1164,6 +1185,22 @@ def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
     Image.fromarray(np.zeros((16, 24, 3), np.uint8)).save(images / "good.jpg")
     written = inspect_vit.main(["--smoke", f"--images={images}", f"--run_dir={tmp_path / 'out'}"])
     assert os.path.getsize(written["posemb_similarity"]) > 1000
+    assert set(os.listdir(tmp_path / "out")) <= rundir.RUN_ENTRIES  # what --overwrite deletes
+    # Its run directory is a recipe's: it wrote its summary.json into a
+    # killed training run (which then reported itself finished) and into
+    # folders of the user's.
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / rundir.MARKER).touch()
+    rundir.write_json(str(killed / "config.json"), {"recipe": "pretrain", "config": {}, "started": 0})
+    (killed / "history.csv").write_text("epoch,loss\n")
+    assert f"the run directory {killed} holds a run of pretrain, not of inspect_vit" in _error(
+        inspect_vit.main, ["--smoke", f"--images={images}", f"--run_dir={killed}"], capsys)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "summary.json").write_text("{}")
+    assert "is not a recipe's run directory" in _error(
+        inspect_vit.main, ["--smoke", f"--images={images}", f"--run_dir={tmp_path / 'mine'}"], capsys)
+    assert sorted(os.listdir(killed)) == [rundir.MARKER, "config.json", "history.csv"]
     run = f"--run_dir={tmp_path / 'out2'}"
     # Weights of another architecture, and a missing file.
     other = keras_vit.ViT(None, input_shape=(16, 24, 3), num_classes=3, **dict(TINY, hidden_size=8, num_heads=2))
@@ -1185,6 +1222,20 @@ def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
     assert os.path.getsize(images / "bomb.png") < 100_000
     err = _error(inspect_vit.main, ["--smoke", f"--images={images}", run], capsys)
     assert "bomb.png cannot be read as an image (DecompressionBombError: Image size (200000000 pixels)" in err
+
+
+@pytest.mark.one_backend  # which files a run writes
+def test_options_the_npz_format_lacks_train_and_save_the_keras_model(tmp_path, capsys):
+    """A model with `qk_norm` trained to the end, then crashed writing
+    model.npz, and again on every rerun: it could never finish."""
+    overrides = json.dumps(dict(TINY, qk_norm=True))
+    summary = pretrain.main(["--smoke", f"--run_dir={tmp_path / 'p'}", f"--model_overrides={overrides}", "--verbose=1"])
+    assert "model.npz: not written, the original format has no keys for qk_norm=True (model.keras holds the model)" \
+        in capsys.readouterr().out
+    assert "model_npz" not in summary and os.path.exists(summary["model_keras"])
+    summary = pretrain_mpp.main(["--smoke", f"--run_dir={tmp_path / 'm'}", f"--model_overrides={overrides}"])
+    assert "encoder_npz" not in summary and os.path.exists(summary["backbone_keras"])
+    assert f"Fine-tune the encoder from {summary['backbone_keras']}" in capsys.readouterr().out
 
 
 class _CrashAfter(keras.callbacks.Callback):
