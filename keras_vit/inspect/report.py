@@ -77,7 +77,11 @@ def _load_rgb(path):
     decompression bomb (more pixels than PIL's `MAX_IMAGE_PIXELS`, about
     89 million: far beyond any inspection image), is a ValueError naming
     it, before its pixels are allocated."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ImportError("Reading image files needs pillow: `pip install pillow` (or "
+                          "`pip install keras-vit[recipes]`).") from None
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)

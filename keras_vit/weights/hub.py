@@ -26,7 +26,7 @@ def _require(module):
         return __import__(module, fromlist=["_"])
     except ImportError:
         raise ImportError(
-            f"Loading timm checkpoints needs the `{module.split('.')[0]}` package: "
+            f"Reading or writing timm checkpoints needs the `{module.split('.')[0]}` package: "
             "pip install 'keras-vit[hub]' (huggingface_hub and safetensors)."
         ) from None
 

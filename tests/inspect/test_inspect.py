@@ -3,6 +3,7 @@ attention rollout, mean attention distance, position-embedding similarity,
 embedding-filter PCA and the figures (paper Fig. 6 and 7), plain and hybrid."""
 
 import os
+import sys
 import runpy
 
 import keras
@@ -410,3 +411,9 @@ def test_recipe_writes_figures(plain, tmp_path):
     for bad, match in ((dict(max_images=-1), "max_images=-1"), (dict(size=(0, 16)), r"size=\(0, 16\)")):
         with pytest.raises(ValueError, match=match):
             vi.load_image_folder(folder, **{"size": (16, 24), **bad})
+    # Without pillow (only the recipes extra brings it): what to install,
+    # not a bare "No module named 'PIL'".
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, "PIL", None)
+        with pytest.raises(ImportError, match="Reading image files needs pillow: `pip install pillow`"):
+            vi.load_image_folder(folder, (16, 24))
