@@ -153,7 +153,19 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                     "the optimizer accumulates "
                     f"{steps}. Received: gradient_accumulation_steps={steps}"
                 )
+        elif isinstance(learning_rate, AccumulationSchedule) and learning_rate.accumulation_steps > 1:
+            # Without accumulation every call is an update: the schedule would run k times slower.
+            raise ValueError(
+                f"The learning-rate schedule counts {learning_rate.accumulation_steps} micro-batches per update, "
+                "the optimizer accumulates none: pass its `schedule` instead, or the same "
+                f"gradient_accumulation_steps. Received: gradient_accumulation_steps={gradient_accumulation_steps}")
         super().__init__(learning_rate=learning_rate, **kwargs)
+        if steps and (self.clipnorm or self.clipvalue):
+            # Keras would clip what is handed to it on every micro-batch (the running total).
+            raise ValueError(
+                "`clipnorm` and `clipvalue` do not combine with `gradient_accumulation_steps` here; "
+                "`global_clipnorm` clips the accumulated gradient (the original's clipping). "
+                f"Received: clipnorm={self.clipnorm}, clipvalue={self.clipvalue}, gradient_accumulation_steps={steps}")
         if global_clipnorm is not None and (
             not is_real(global_clipnorm) or global_clipnorm <= 0
         ):
@@ -265,6 +277,11 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                 self.build(trainable_variables)
         if not self.accumulation_steps and not self.clip_global_norm:
             return super().apply(grads, trainable_variables)
+        # Accumulated and clipped unscaled; Keras divides what it is handed
+        # by `loss_scale_factor`, so the result goes back scaled.
+        scale = self.loss_scale_factor
+        if scale is not None:
+            grads = [None if g is None else g / scale for g in grads]
         context = distribute.tf_replica_context()
         if context is not None:
             present = [i for i, g in enumerate(grads) if g is not None]
@@ -298,6 +315,8 @@ class _OriginalOrderOptimizer(keras.optimizers.Optimizer):
                 None if g is None else ops.where(first, g, ops.zeros_like(g))
                 for g in grads
             ]
+        if scale is not None:
+            grads = [None if g is None else g * scale for g in grads]
         return super().apply(grads, trainable_variables)
 
     def _is_update_step(self):

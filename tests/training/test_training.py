@@ -610,6 +610,43 @@ def test_fit_with_accumulation_matches_the_big_batch_reference():
             assert_close_rel(got - before, want - before, tol=1e-4, what=variable.path)
 
 
+def test_loss_scale_factor_leaves_accumulation_and_clipping_unchanged():
+    """`loss_scale_factor` (a scaled loss, as mixed float16 uses): the
+    accumulated and clipped update equals the unscaled one. The scaled
+    gradients were accumulated and clipped (a norm of 0.5 clipped to 1/128
+    of its step at a scale of 128; 6 % off with accumulation)."""
+    x, y = data(16, seed=3)
+    weights = tiny_model().get_weights()
+    after = []
+    for scale in (None, 256.0):
+        model = tiny_model()
+        model.set_weights(weights)
+        model.compile(optimizer=training.finetuning_optimizer(0.5, 4, warmup_steps=0, gradient_accumulation_steps=2,
+                                                              accumulator_dtype="float32"),
+                      loss=training.SoftmaxCrossEntropy())
+        model.optimizer.loss_scale_factor = scale
+        model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        after.append(model.get_weights())
+    for a, b, start in zip(*after, weights):
+        np.testing.assert_allclose(b - start, a - start, rtol=1e-5, atol=1e-7)
+    assert max(np.abs(a - start).max() for a, start in zip(after[0], weights)) > 1e-3  # it trained
+
+
+def test_accumulation_refuses_what_would_act_per_micro_batch():
+    """Keras' `clipnorm`/`clipvalue` clipped the running total on every
+    micro-batch; an `AccumulationSchedule` without accumulation ran the
+    schedule k times slower."""
+    with pytest.raises(ValueError, match=r"`clipnorm` and `clipvalue` do not combine.*Received: clipnorm=1.0"):
+        training.MomentumSGD(0.1, clipnorm=1.0, gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match=r"Received: clipnorm=None, clipvalue=0.5"):
+        training.DecoupledAdam(0.1, clipvalue=0.5, gradient_accumulation_steps=2)
+    schedule = training.AccumulationSchedule(training.WarmupDecay(0.01, 1000, 100), 8)
+    with pytest.raises(ValueError, match="counts 8 micro-batches per update, the optimizer accumulates none"):
+        training.MomentumSGD(schedule)
+    training.MomentumSGD(0.1, clipnorm=1.0)  # without accumulation: Keras' own clipping, per variable
+    training.MomentumSGD(schedule, gradient_accumulation_steps=8)
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="torch.compile; jax.jit and tf.function trace the update as a whole")
 def test_torch_compile_traces_the_accumulating_update_without_a_break():
     """`jit_compile=True` on PyTorch compiles the optimizers' update in one
