@@ -13,8 +13,9 @@ minus two steady ones) and the peak device memory. `--jit-compile` compiles
 the Keras models with `jit_compile=True` (`torch.compile` on PyTorch) and
 timm through `torch.compile`. keras_vit, keras-hub's ViT (same
 backend) and timm (PyTorch, on CUDA when present, bfloat16 through
-autocast, its fused attention as it ships) are measured interleaved, each
-backend in its own process (`KERAS_BACKEND` is fixed at import), medians
+autocast, its fused attention as it ships) are measured one after the
+other (each library's peak memory is its own), each backend in its own
+process (`KERAS_BACKEND` is fixed at import), medians
 of `--repeats`. Every library gets its batch already on the device
 (`--numpy-inputs`: Keras models copy a numpy batch in every step). Rows are
 printed and saved as they come, so a run cut short keeps what it measured.
@@ -195,7 +196,7 @@ def run_worker(args):
 
 def markdown(rows):
     lines = ["| backend | device | model | px | dtype | flash | mode | batch | keras_vit img/s | step ms | compile s "
-             "| peak MB | keras-hub img/s | ratio | timm img/s |", "|---" * 15 + "|"]
+             "| peak MiB | keras-hub img/s | ratio | timm img/s |", "|---" * 15 + "|"]
     for r in rows:
         ours, hub = r.get("keras_vit_img_s"), r.get("keras-hub_img_s")
         ratio = f"{ours / hub:.2f}x" if ours and hub else "n/a"

@@ -59,7 +59,7 @@ def run_worker(args):
 def markdown(rows):
     lines = ["| backend | model | px | batch | static img/s | dynamic img/s | dynamic / static |", "|---" * 7 + "|"]
     for r in rows:
-        lines.append(f"| {r['backend']} | {r['model']}/16 | {r['image']} | {r['batch']} | {r['static_img_s']} "
+        lines.append(f"| {r['backend']} | {r['model']}/{bench.SIZES[r['model']][4]} | {r['image']} | {r['batch']} | {r['static_img_s']} "
                      f"| {r['dynamic_img_s']} | {r['ratio']:.3f} |")
     return "\n".join(lines)
 

@@ -9,7 +9,7 @@ MLP 512, 65 tokens, batch 128):
 - `optimizer`: one update of the recipes' optimizer
   (`keras_vit.training.pretraining_optimizer`: decoupled Adam, decay on the
   kernels, global-norm clipping, warmup-cosine) through `optimizer.apply`,
-  against `torch.optim.AdamW` (multi-tensor) + `clip_grad_norm_` on timm's
+  against `torch.optim.AdamW` (its default for CPU tensors: the for-loop) + `clip_grad_norm_` on timm's
   model. On PyTorch, Keras runs the update eagerly, one small op at a time,
   inside every training step; on TensorFlow and JAX the update is compiled
   into the step and this eager figure is not what training pays.

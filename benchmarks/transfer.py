@@ -21,6 +21,7 @@ spread over the seeds), the trainable parameters, the training step time
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,10 +55,10 @@ def run(module, flags, env):
         return json.load(f), usage.ru_maxrss / 1024
 
 
-def trainable_parameters(variant_flags):
+def trainable_parameters(variant_flags, num_classes):
     import keras_vit
 
-    model = keras_vit.ViT(None, input_shape=(32, 32, 3), num_classes=10, **MODEL)
+    model = keras_vit.ViT(None, input_shape=(32, 32, 3), num_classes=num_classes, **MODEL)
     if any(f.startswith("--lora_rank=") for f in variant_flags):
         keras_vit.enable_lora(model, int(variant_flags[0].split("=")[1]))
     elif "--linear_probe" in variant_flags:
@@ -104,7 +105,7 @@ def main(argv=None):
                 f"--run_dir={os.path.join(scratch, f'{name}_{seed}')}", *flags], env)
             row = dict(variant=name, seed=seed, accuracy=summary["accuracy"], learning_rate=lr,
                        step_ms=1e3 * args.batch / summary["images_per_second"], peak_rss_mb=round(rss),
-                       trainable=trainable_parameters(flags), steps=summary["steps"])
+                       trainable=trainable_parameters(flags, summary["num_classes"]), steps=summary["steps"])
             print(json.dumps(row), flush=True)
             rows.append(row)
     print(markdown(rows))
@@ -112,6 +113,8 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"mpp": {k: mpp[k] for k in ("final_loss", "steps", "images_per_second")},
                        "mpp_peak_rss_mb": round(mpp_rss), "rows": rows, "args": vars(args)}, f, indent=1)
+    if args.out is None:
+        shutil.rmtree(scratch, ignore_errors=True)
     return rows
 
 
@@ -131,7 +134,7 @@ def _folder(root, per_class=4):
 
 
 def markdown(rows):
-    lines = ["| fine-tuning | trainable parameters | test accuracy (mean ± sd over seeds) | step (ms) | peak RSS (MB) |",
+    lines = ["| fine-tuning | trainable parameters | test accuracy (mean ± sd over seeds) | step (ms) | peak RSS (MiB) |",
              "|---|---|---|---|---|"]
     for name in VARIANTS:
         mine = [r for r in rows if r["variant"] == name]

@@ -338,7 +338,8 @@ def test_memory_benchmark_reads_the_compilers_accounting():
     (full, trainable), (rematted, _), (lora, lora_trainable) = rows
     assert rematted < 0.7 * full and lora < full, rows
     assert lora_trainable < 0.2 * trainable
-    assert memory.largest_batch(2**30, 2**20, 16) == 15 * 1024 and memory.largest_batch(17 * 2**30, 1, 16) == 0
+    # 15 GiB left for images of 1 MiB plus the 15 % margin the docs' tables state (it was left out).
+    assert memory.largest_batch(2**30, 2**20, 16) == 13356 and memory.largest_batch(17 * 2**30, 1, 16) == 0
     # `--check` runs the same compiled step for real (the head starts at zero: the loss is log(10)).
     row = memory.check(None, 32, 4, steps=2, num_classes=10, overrides=model)
     assert row["measured"].startswith("growth of the process's peak RSS") and row["compiler_gib"] > 0, row
