@@ -6,6 +6,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 
 import keras
 import numpy as np
@@ -18,11 +19,13 @@ _POINTER = "checkpoint.json"
 _LOCK = "backup.lock"
 _FORMAT = 2
 # The only names the callback writes (and so the only ones it deletes).
-_WEIGHTS_NAME = re.compile(r"step-\d{12}\.weights\.h5\Z")
+# `step-<update>[-<epoch>-<batch>].weights.h5`: the suffix when a save falls
+# in the update of the previous one (see `_save`).
+_WEIGHTS_NAME = re.compile(r"step-\d{12}(-\d+-\d+)?\.weights\.h5\Z")
 # LoRA layers' own variables, beside the weights file: Keras writes an
 # adapted layer's kernel merged with its adapters and leaves the adapters
 # out, so resuming from the weights file alone would lose them.
-_LORA_NAME = re.compile(r"step-\d{12}\.lora\.npz\Z")
+_LORA_NAME = re.compile(r"step-\d{12}(-\d+-\d+)?\.lora\.npz\Z")
 _FIELDS = {
     "format": int, "weights": str, "step": int, "epoch": int, "batch": int,
     "steps_per_epoch": (int, type(None)), "epochs": (int, type(None)),
@@ -183,6 +186,12 @@ class BackupAndResume(keras.callbacks.Callback):
             self._last_saved = {"step": step}
             return
         weights = f"step-{step:012d}.weights.h5"
+        if weights == (self._last_saved or {}).get("weights"):
+            # Saves closer than the accumulated micro-batches of an update
+            # share its step: never written over the file the pointer names
+            # (a kill between the two renames paired it with the pointer of
+            # another batch).
+            weights = f"step-{step:012d}-{self._epoch}-{self._batches_in_epoch}.weights.h5"
         try:
             metadata = self._write(model, step, weights)
         except (OSError, RuntimeError) as error:  # h5py reports a full disk as either
@@ -273,6 +282,14 @@ class BackupAndResume(keras.callbacks.Callback):
         return epoch
 
     def on_train_begin(self, logs=None):
+        per_call, steps = getattr(self.model, "steps_per_execution", 1) or 1, self.params.get("steps")
+        if per_call > 1 and steps and steps % per_call:
+            warnings.warn(
+                f"steps_per_epoch={steps} is not a multiple of steps_per_execution={per_call}: Keras runs whole "
+                f"executions ({-(-steps // per_call) * per_call} batches an epoch), so each epoch of a repeated "
+                "dataset starts at another batch, and a resumed run trains on other batches than an "
+                "uninterrupted one. Make steps_per_epoch a multiple of steps_per_execution for an exact resume.",
+                stacklevel=2)
         if self._restored_before_fit:  # `restore` loaded the state and holds the lock
             self._restored_before_fit = False
             # `fit`'s own epochs and steps, against the checkpoint (`restore`

@@ -574,7 +574,41 @@ def test_an_execution_past_the_epoch_end_still_resumes(tmp_path):
                   callbacks=[training.BackupAndResume(tmp_path, save_freq="epoch")])
         return model.get_weights()
 
-    for a, b in zip(run(), run()):  # the second trains no further
+    with pytest.warns(UserWarning, match=r"steps_per_epoch=3 is not a multiple of steps_per_execution=2: Keras "
+                                         r"runs whole executions \(4 batches an epoch\)"):
+        first = run()
+    for a, b in zip(first, run()):  # the second trains no further
+        np.testing.assert_array_equal(a, b)
+
+
+def test_saves_within_one_accumulated_update_never_overwrite_the_pointers_file(tmp_path):
+    """With 2 micro-batches per update and a save after each batch, two saves
+    share an update's step: the second overwrote the weights file the
+    pointer named, and a kill before the pointer moved paired the batch-2
+    record with the batch-3 weights (resumed 0.016 off, without a word)."""
+    directory, copy = tmp_path / "backup", tmp_path / "after_batch_3"
+
+    class Record(keras.callbacks.Callback):
+        names = []
+
+        def on_train_batch_begin(self, batch, logs=None):
+            pointer = directory / "checkpoint.json"
+            if pointer.exists():
+                self.names.append(json.loads(pointer.read_text())["weights"])
+                if len(self.names) == 3 and not copy.exists():  # the checkpoint of micro-batch 3 (update 1)
+                    shutil.copytree(directory, copy, ignore=shutil.ignore_patterns("backup.lock"))
+
+    def run(backup_dir, callbacks=()):
+        model = _small_model(optimizer=training.MomentumSGD(0.1, gradient_accumulation_steps=2))
+        model.fit(np.concatenate([SMALL_X] * 2), np.concatenate([SMALL_Y] * 2), batch_size=2, epochs=1,
+                  shuffle=False, verbose=0, callbacks=[training.BackupAndResume(backup_dir, save_freq=1), *callbacks])
+        return model
+
+    reference = run(directory, [Record()])
+    assert Record.names[:4] == ["step-000000000000.weights.h5", "step-000000000001.weights.h5",
+                                "step-000000000001-0-3.weights.h5", "step-000000000002.weights.h5"]
+    resumed = run(copy)
+    for a, b in zip(reference.get_weights(), resumed.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
