@@ -34,8 +34,12 @@ def pad_batches(dataset, batch_size):
 
     def pad(images, labels):
         n = tf.shape(images)[0]
-        tf.debugging.assert_less_equal(n, batch_size, message=f"`batch_size`={batch_size} is smaller than a batch")
-        missing = batch_size - n
+        # Before the pads: their own error ("Paddings must be non-negative")
+        # came first in some runs (ops without a dependency run in any order).
+        check = tf.debugging.assert_less_equal(n, batch_size,
+                                               message=f"`batch_size`={batch_size} is smaller than a batch")
+        with tf.control_dependencies([check]):
+            missing = batch_size - n
         images = tf.pad(images, [[0, missing]] + [[0, 0]] * (len(images.shape) - 1))
         labels = tf.pad(labels, [[0, missing]] + [[0, 0]] * (len(labels.shape) - 1))
         weights = tf.concat([tf.ones([n]), tf.zeros([missing])], 0)
