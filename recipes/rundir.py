@@ -7,10 +7,12 @@ wrote there. `--overwrite` deletes only the entries recipes write
 Everything else is refused with an error that names the directory and the
 safe choices. While a recipe runs, it holds an OS lock on the marker
 (`keras_vit.training.locks`: released when the process ends, even by
-SIGKILL), so that a second run of the same directory is refused.
+SIGKILL), so that a second run of the same directory is refused. The
+run's `history.csv` is read and trimmed (on resume) here too.
 """
 
 import contextlib
+import csv
 import json
 import os
 import shutil
@@ -215,3 +217,39 @@ def open_run(recipe, config, config_name):
     with claim(config.run_dir, config.overwrite) as run_dir:
         record_config(config, recipe, config_name, run_dir)
         yield run_dir
+
+
+def trim_history(path, epochs):
+    """Keeps the first `epochs` rows of `history.csv`: the epochs a resumed
+    run trains again (after its last checkpoint) are logged again."""
+    if not os.path.exists(path):
+        return
+    with open(path, newline="", encoding="utf-8") as f:
+        lines = f.readlines()
+
+    def kept(line):  # a whole row of an epoch before `epochs` (a kill can cut the last line)
+        epoch = line.split(",", 1)[0]
+        return line.endswith("\n") and epoch.isdigit() and int(epoch) < epochs
+
+    rows = lines[:1] + [line for line in lines[1:] if kept(line)]
+    if rows != lines:
+        with open(f"{path}.tmp", "w", newline="", encoding="utf-8") as f:
+            f.writelines(rows)
+        os.replace(f"{path}.tmp", path)
+
+
+def read_history(path):
+    """The whole run's `{metric: [per epoch]}` from `history.csv` (Keras'
+    `History` holds only this process's epochs)."""
+    def number(text):  # CSVLogger writes "NA" for a metric an epoch lacks
+        try:
+            return float(text)
+        except (TypeError, ValueError):
+            return None
+
+    if not os.path.exists(path):
+        return {}
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = {int(row["epoch"]): row for row in csv.DictReader(f)}
+    keys = sorted({key for row in rows.values() for key in row if key != "epoch"})
+    return {key: [number(rows[epoch].get(key)) for epoch in sorted(rows)] for key in keys}

@@ -13,7 +13,6 @@ Keras and TensorFlow are imported inside the functions, after the flags are
 parsed (`--help` stays fast).
 """
 
-import csv
 import math
 import os
 import time
@@ -149,7 +148,7 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
             raise RecipeError(str(error)) from None
         if backup.resumed_from:
             print(f"Resumed from update {backup.resumed_from['step']} of {total}", flush=True)
-        trim_history(os.path.join(run_dir, "history.csv"), initial_epoch)
+        rundir.trim_history(os.path.join(run_dir, "history.csv"), initial_epoch)
         timer = training.ThroughputTimer()
         progress = training.UpdateProgress(total, log_every, accum, config.verbose, data.eval_label)
         fit_callbacks = [backup, keras.callbacks.CSVLogger(os.path.join(run_dir, "history.csv"), append=True),
@@ -175,7 +174,7 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
                           "eval_examples": int(round(logs["examples"]))}
     # Save.
     files = save_model(model, run_dir) if save else {}
-    history = read_history(os.path.join(run_dir, "history.csv"))
+    history = rundir.read_history(os.path.join(run_dir, "history.csv"))
     losses = [value for value in history.get("loss", []) if value is not None]
     result = {
         "steps": steps, "total_steps": total, "batch_size": config.batch_size, "accum_steps": accum,
@@ -352,42 +351,6 @@ def tensorboard(log_dir):
 
 
 _NO_TENSORBOARD_SAID = []
-
-
-def trim_history(path, epochs):
-    """Keeps the first `epochs` rows of `history.csv`: the epochs a resumed
-    run trains again (after its last checkpoint) are logged again."""
-    if not os.path.exists(path):
-        return
-    with open(path, newline="", encoding="utf-8") as f:
-        lines = f.readlines()
-
-    def kept(line):  # a whole row of an epoch before `epochs` (a kill can cut the last line)
-        epoch = line.split(",", 1)[0]
-        return line.endswith("\n") and epoch.isdigit() and int(epoch) < epochs
-
-    rows = lines[:1] + [line for line in lines[1:] if kept(line)]
-    if rows != lines:
-        with open(f"{path}.tmp", "w", newline="", encoding="utf-8") as f:
-            f.writelines(rows)
-        os.replace(f"{path}.tmp", path)
-
-
-def read_history(path):
-    """The whole run's `{metric: [per epoch]}` from `history.csv` (Keras'
-    `History` holds only this process's epochs)."""
-    def number(text):  # CSVLogger writes "NA" for a metric an epoch lacks
-        try:
-            return float(text)
-        except (TypeError, ValueError):
-            return None
-
-    if not os.path.exists(path):
-        return {}
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = {int(row["epoch"]): row for row in csv.DictReader(f)}
-    keys = sorted({key for row in rows.values() for key in row if key != "epoch"})
-    return {key: [number(rows[epoch].get(key)) for epoch in sorted(rows)] for key in keys}
 
 
 def start_header(recipe, run_dir, setup, config, log_dir=None):

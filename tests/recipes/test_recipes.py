@@ -919,11 +919,11 @@ def test_a_resumed_run_logs_the_epochs_it_trains_again_once(tmp_path):
     their rows were kept in history.csv and logged a second time."""
     path = tmp_path / "history.csv"
     path.write_text("epoch,loss\n0,3.0\n1,2.0\n2,1.5\n3,1.")  # killed while writing epoch 3
-    train.trim_history(str(path), 2)  # resumed at epoch 2
+    rundir.trim_history(str(path), 2)  # resumed at epoch 2
     assert path.read_text() == "epoch,loss\n0,3.0\n1,2.0\n"
-    train.trim_history(str(path), 0)
+    rundir.trim_history(str(path), 0)
     assert path.read_text() == "epoch,loss\n"
-    train.trim_history(str(tmp_path / "none.csv"), 1)  # a first start
+    rundir.trim_history(str(tmp_path / "none.csv"), 1)  # a first start
     assert os.listdir(tmp_path) == ["history.csv"]
 
 
