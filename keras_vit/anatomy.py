@@ -164,7 +164,9 @@ def anatomy(model):
     names = _block_names(model)
     embedding = get_layer(model, "embedding", vit_layers.PatchEmbedding)
     posemb = get_layer(model, "posembed_input", vit_layers.AddPositionEmbedding)
-    image_shape = tuple(model.inputs[0].shape)
+    # The tensor the builder took (an `input_tensor` may follow other layers:
+    # a crop or a resize), not the model's own input.
+    image_shape = tuple(get_layer(model, "image_size_check").input.shape)
     feature_shape = tuple(embedding.input.shape)
     dynamic = posemb.stride is not None
     if dynamic:  # The grid the position embeddings are stored for.
@@ -208,7 +210,7 @@ def anatomy(model):
         num_prefix_tokens=num_prefix,
         posemb_prefix_tokens=posemb.pos_embedding.shape[1] - rows * cols,
         has_class_token=has_cls,
-        hybrid=resnet is not None if dynamic else feature_shape[1:3] != image_shape[1:3],
+        hybrid=resnet is not None,
         resnet=resnet,
         resnet_width=resnet_width,
         has_pre_logits="pre_logits" in layer_names,

@@ -83,8 +83,8 @@ def imagenet21k_class_names(path=None):
         raise ValueError(
             "No ImageNet-21k class names: the download of "
             f"{IMAGENET21K_NAMES_URL} failed ({type(e).__name__}: {e}). Pass "
-            "`class_names=` a list of names or the path of a text file with "
-            "one class per line. Received: class_names=None"
+            "`class_names=keras_vit.class_names.imagenet21k_class_names(path)` with a local copy "
+            "of imagenet21k_wordnet_lemmas.txt (or any list of 21,843 names). Received: class_names=None"
         ) from e
     return read[-1]
 

@@ -36,10 +36,14 @@ def check_pixel_stats(pixel_mean, pixel_std):
             values = tuple(float(v) for v in value)
         except (TypeError, ValueError):
             values = ()
-        if len(values) != 3 or not all(np.isfinite(values)) or (name == "pixel_std" and min(values) <= 0):
+        # Statistics of pixels in [0, 1] lie in [0, 1]: a mean above 1 is on
+        # the 0-255 scale (torchvision's and keras.applications' habit).
+        low, high = (0.0, 1.0) if name == "pixel_mean" else (np.nextafter(0.0, 1.0), 1.0)
+        if len(values) != 3 or not all(np.isfinite(values)) or not low <= min(values) <= max(values) <= high:
             raise ValueError(
                 f"`pixel_mean` and `pixel_std` go together, each 3 per-channel values for pixels scaled to "
-                f"[0, 1] (std > 0). Received: {name}={value!r}"
+                f"[0, 1] (0 <= mean <= 1, 0 < std <= 1; divide values on the 0-255 scale by 255). "
+                f"Received: {name}={value!r}"
             )
         stats.append(values)
     return tuple(stats)
@@ -62,6 +66,12 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
     """
     pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
     if pixel_mean is not None:
+        channels = getattr(images, "shape", np.shape(images))[-1]
+        if channels is not None and channels != 3:
+            raise ValueError(
+                "`pixel_mean` and `pixel_std` hold 3 per-channel values; the images have "
+                f"{channels} channels. Received: images of shape {tuple(getattr(images, 'shape', np.shape(images)))}"
+            )
         mean = np.asarray(pixel_mean, np.float32)
         std = np.asarray(pixel_std, np.float32)
         return (ops.cast(images, "float32") / np.float32(255.0) - mean) / std

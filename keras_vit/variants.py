@@ -5,6 +5,7 @@ the AugReg paper (arXiv:2106.10270, Table 1). Configurations and their names:
 google-research/vision_transformer, `vit_jax/configs/models.py`.
 """
 
+import difflib
 import re
 
 # Transformer widths: hidden size D, MLP width, heads, blocks.
@@ -114,21 +115,28 @@ CONSTRUCTORS = {constructor_name(name): name for name in VARIANTS if _paper_arch
 
 
 def resolve_variant(name):
-    """Returns `(config_name, fields)` for an original or AugReg name.
+    """Returns `(config_name, fields)` for an original, constructor or AugReg name.
 
-    Accepts "ViT-B_16", "ViT-B_16-gap-norep", "testing", AugReg names such as
-    "B_16" and big_vision-style "B/16".
+    Accepts "ViT-B_16", "ViT-B_16-gap-norep", "testing", constructor names
+    such as "ViTB16", AugReg names such as "B_16" and big_vision-style
+    "B/16". The short (AugReg, big_vision) names fine-tune with dropout 0, as
+    vit_jax's `configs/augreg.py` does.
     """
     if not isinstance(name, str):
         raise ValueError(f"`variant` must be a string. Received: variant={name!r}")
-    if name in VARIANTS:
-        return name, dict(VARIANTS[name])
+    if name in VARIANTS or name in CONSTRUCTORS:
+        config_name = CONSTRUCTORS.get(name, name)
+        return config_name, dict(VARIANTS[config_name])
     short = re.sub(r"^([A-Za-z0-9+]*?)/(\d+)$", r"\1_\2", name).replace("+", "_")
     if short in AUGREG_NAMES:
         config_name = AUGREG_NAMES[short]
         return config_name, {**VARIANTS[config_name], "dropout_rate": 0.0}
+    known = [*VARIANTS, *CONSTRUCTORS, *AUGREG_NAMES]
+    by_case = {known_name.lower(): known_name for known_name in known}
+    close = [by_case[name.lower()]] if name.lower() in by_case else difflib.get_close_matches(name, known, 3)
     raise ValueError(
-        f"Unknown ViT variant. Known names: {sorted(VARIANTS)} and the AugReg "
+        "Unknown ViT variant." + (f" Did you mean {' or '.join(map(repr, close))}?" if close else "")
+        + f" Known names: {sorted(VARIANTS)}, the constructors' {sorted(CONSTRUCTORS)} and the AugReg "
         f"names {sorted(AUGREG_NAMES)}. Received: variant={name!r}"
     )
 

@@ -52,3 +52,13 @@ def test_anatomy_refuses_other_models_naming_them():
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="not_a_vit")
     with pytest.raises(ValueError, match="not a keras_vit ViT.*not_a_vit"):
         anatomy(other)
+
+
+def test_anatomy_reads_the_tensor_the_vit_was_built_on():
+    """An `input_tensor` after a resize or crop: the geometry is the ViT's
+    (the model's raw 64 px input gave patches of 21 px, a "hybrid", and the
+    registered weights of another resolution)."""
+    resized = keras.layers.Resizing(16, 24)(keras.Input((64, 64, 3)))
+    parts = anatomy(tiny_model("plain", input_tensor=resized, input_shape=None))
+    assert (parts.image_size, parts.grid, parts.patch_size, parts.hybrid) == ((16, 24), (2, 3), (8, 8), False)
+

@@ -433,8 +433,15 @@ def augmentation_layers(text):
         if "module" not in spec and not (isinstance(cls, type) and issubclass(cls, keras.layers.Layer)):
             fail(f"names an unknown Keras layer {name!r} (a class of keras.layers, e.g. RandAugment, MixUp, CutMix)")
         try:
-            layers.append(keras.saving.deserialize_keras_object(spec) if "module" in spec else
-                          cls(**{"dtype": "float32", **(spec.get("config") or {})}))
+            if "module" in spec:
+                layers.append(keras.saving.deserialize_keras_object(spec))
+                continue
+            config = {"dtype": "float32", **(spec.get("config") or {})}
+            layer = cls(**config)
+            if getattr(layer, "data_format", None) == "channels_first" and "data_format" not in config:
+                # The batches are NHWC, whatever keras.config.image_data_format() says.
+                layer = cls(**config, data_format="channels_last")
+            layers.append(layer)
         except (TypeError, ValueError) as error:
             fail(f"cannot build {name!r} ({error})")
     return layers
@@ -454,6 +461,12 @@ def _batch_augmentation_layers(batch_augmentation):
             raise ValueError(
                 "`batch_augmentation` must be None, a Keras preprocessing layer or a list of them. "
                 f"Received: batch_augmentation={batch_augmentation!r}"
+            )
+        if getattr(layer, "data_format", "channels_last") != "channels_last":
+            raise ValueError(
+                f"`batch_augmentation` layer {getattr(layer, 'name', type(layer).__name__)!r} reads "
+                f"data_format={layer.data_format!r}; the batches are (batch, height, width, channels): build it "
+                "with data_format='channels_last'."
             )
         # A layer built under a mixed dtype policy would round the [0, 255]
         # pixels to bfloat16/float16 (MixUp fails outright).

@@ -10,6 +10,7 @@ from keras_vit.layers.utils import SEED_STATE
 from keras_vit.layers.utils import call_symbolically
 from keras_vit.layers.utils import check_rate
 from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import positive_int
 from keras_vit.layers.utils import freeze_sublayers_if_frozen
 
 # Flax LayerNorm's default; Keras' default (1e-3) gives visibly different
@@ -205,13 +206,8 @@ class TransformerEncoderBlock(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for arg, value in (("num_heads", num_heads), ("mlp_dim", mlp_dim)):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(
-                    f"`{arg}` must be a positive integer. Received: {arg}={value!r}"
-                )
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
+        self.num_heads = positive_int(num_heads, "num_heads")
+        self.mlp_dim = positive_int(mlp_dim, "mlp_dim")
         self.dropout_rate = check_rate(dropout_rate, "dropout_rate")
         self.attention_dropout_rate = check_rate(
             attention_dropout_rate, "attention_dropout_rate"

@@ -5,7 +5,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.position_embedding import linear_matrix
-from keras_vit.layers.utils import is_int, normalize_pair
+from keras_vit.layers.utils import is_int, normalize_pair, positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -44,12 +44,7 @@ class PatchEmbedding(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(hidden_size, int) or hidden_size <= 0:
-            raise ValueError(
-                "`hidden_size` must be a positive integer. "
-                f"Received: hidden_size={hidden_size}"
-            )
-        self.hidden_size = hidden_size
+        self.hidden_size = positive_int(hidden_size, "hidden_size")
         self.patch_size = normalize_pair(patch_size, "patch_size")
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)

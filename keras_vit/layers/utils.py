@@ -20,6 +20,13 @@ def is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+def positive_int(value, name):
+    """`value` as a Python int (a config serialises it), refused unless a positive integer."""
+    if not is_int(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+    return int(value)
+
+
 def normalize_pair(value, name):
     """Returns `value` as a tuple of two positive ints (an int is repeated)."""
     if is_int(value):

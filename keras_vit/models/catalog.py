@@ -13,16 +13,11 @@ Fields:
     name: the original config name (`"ViT-B_16"`), accepted by `get_model`.
     constructor: the `keras_vit` function that builds it (`"ViTB16"`), or
         None for configs without one (`"ViT-B_16-gap-norep"`, `"testing"`).
-    augreg_name: the AugReg name (`"B_16"`), or None for configs outside the
-        AugReg release.
+    augreg_name: the short name (`"B_16"`, vit_jax's AugReg configs;
+        dropout 0), or None for the test and GSAM configs. Not every model
+        with one has AugReg checkpoints: `weights` lists what is published.
     weights: the registered checkpoint names published for it.
 """
-
-
-def _config_name(name):
-    if isinstance(name, str) and name in variants.CONSTRUCTORS:
-        return variants.CONSTRUCTORS[name]
-    return variants.resolve_variant(name)[0]
 
 
 def available_weights(name):
@@ -37,7 +32,7 @@ def available_weights(name):
         "augreg", "augreg+imagenet2012", "sam"]`; any AugReg file name of the
         model is accepted as well (see `keras_vit.weights.augreg_index`).
     """
-    return registry.registered_names(_config_name(name))
+    return registry.registered_names(variants.resolve_variant(name)[0])
 
 
 def list_models(pattern=None):
@@ -45,8 +40,9 @@ def list_models(pattern=None):
 
     Args:
         pattern: None for all, or a case-insensitive shell-style pattern
-            (`"*B_16*"`, `"R50*"`, `"ViTL*"`) matched against the original
-            name, the constructor name and the AugReg name.
+            (`"*B_16*"`, `"R50*"`, `"ViTL*"`, `"B/16"`) matched against the
+            original name, the constructor name and the AugReg name (a
+            big_vision-style "/" reads as the AugReg name's "_").
 
     Returns:
         A list of `ModelInfo(name, constructor, augreg_name, weights)`, in
@@ -54,6 +50,8 @@ def list_models(pattern=None):
     """
     if pattern is not None and not isinstance(pattern, str):
         raise ValueError(f"`pattern` must be None or a string. Received: pattern={pattern!r}")
+    if pattern is not None:
+        patterns = {pattern.lower(), pattern.lower().replace("/", "_").replace("+", "_")}
     constructors = {config: function for function, config in variants.CONSTRUCTORS.items()}
     augreg = {config: short for short, config in variants.AUGREG_NAMES.items()}
     found = []
@@ -65,6 +63,6 @@ def list_models(pattern=None):
             weights=available_weights(name),
         )
         keys = [key for key in info[:3] if key]
-        if pattern is None or any(fnmatch.fnmatch(key.lower(), pattern.lower()) for key in keys):
+        if pattern is None or any(fnmatch.fnmatch(key.lower(), wanted) for key in keys for wanted in patterns):
             found.append(info)
     return found

@@ -117,7 +117,8 @@ def resnet_stem(inputs, num_layers, width_factor=1):
     x = _group_norm("gn_root")(x)
     x = keras.layers.ReLU(name="relu_root")(x)
     # TF "SAME" max-pool; padded cells never win (inputs are >= 0 after ReLU).
-    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", name="pool_root")(x)
+    # Pinned like every conv here: a global `channels_first` must not pool over (W, C).
+    x = keras.layers.MaxPooling2D(3, strides=2, padding="same", data_format="channels_last", name="pool_root")(x)
     for s, units in enumerate(num_layers, start=1):
         features = width * 2 ** (s - 1)
         for u in range(1, units + 1):

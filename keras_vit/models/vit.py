@@ -5,7 +5,7 @@ import keras
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
-from keras_vit.layers.utils import check_rate, is_int, is_real, normalize_pair
+from keras_vit.layers.utils import check_rate, is_int, is_real, normalize_pair, positive_int
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.weights import load_weights
 from keras_vit import variants
@@ -36,12 +36,6 @@ EXTRA_FIELDS = dict(
 )
 
 
-def _positive_int(value, name):
-    if not is_int(value) or value <= 0:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
-    return int(value)
-
-
 def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
     """Validates `(H, W, C)` and that the sides are multiples of `stride`;
     a side may be None (a dynamic-size model).
@@ -60,16 +54,19 @@ def _check_input_shape(input_shape, stride, stem_stride=1, patch=None):
         )
     shape = tuple(None if s is None else int(s) for s in shape)
     misfit = any(side is not None and side % step for side, step in zip(shape, stride))
+    # Images are channels-last whatever `keras.config.image_data_format()` says.
+    channels_first = shape[0] in (1, 3, 4) and shape[2] not in (1, 3, 4)
+    hint = " Images are (height, width, channels), whatever keras.config.image_data_format() says." * channels_first
     if misfit and stem_stride > 1:
         raise ValueError(
             f"The image height and width must be multiples of the effective "
             f"stride {stride[0]}x{stride[1]} (ResNet stem stride {stem_stride} x "
-            f"patch size {patch[0]}x{patch[1]}). Received: input_shape={shape}"
+            f"patch size {patch[0]}x{patch[1]}).{hint} Received: input_shape={shape}"
         )
     if misfit:
         raise ValueError(
             f"The image height and width must be multiples of the patch size "
-            f"{stride[0]}x{stride[1]}. Received: input_shape={shape}"
+            f"{stride[0]}x{stride[1]}.{hint} Received: input_shape={shape}"
         )
     return shape
 
@@ -107,18 +104,14 @@ def _resolve_fields(variant, overrides):
         )
     fields.update(overrides)
     # No blocks is not a ViT (and a bool is not a depth).
-    fields["num_layers"] = _positive_int(fields["num_layers"], "num_layers")
+    fields["num_layers"] = positive_int(fields["num_layers"], "num_layers")
     if fields["classifier"] not in variants.CLASSIFIERS:
         raise ValueError(
             f"`classifier` must be one of {variants.CLASSIFIERS}. "
             f"Received: classifier={fields['classifier']!r}"
         )
-    rep = fields["representation_size"]
-    if rep is not None and (not isinstance(rep, int) or rep <= 0):
-        raise ValueError(
-            "`representation_size` must be None or a positive int. "
-            f"Received: representation_size={rep!r}"
-        )
+    if fields["representation_size"] is not None:
+        fields["representation_size"] = positive_int(fields["representation_size"], "representation_size")
     return config_name, fields
 
 
@@ -149,8 +142,9 @@ def ViT(
 
     Args:
         variant: str or None. An original config name (`"ViT-B_16"`,
-            `"ViT-B_16-gap-norep"`, `"R50+ViT-B_16"`, `"testing"`, ...), an
-            AugReg name (`"B_16"`, `"R26_S_32"`, ...) or None for a fully
+            `"ViT-B_16-gap-norep"`, `"R50+ViT-B_16"`, `"testing"`, ...), a
+            constructor name (`"ViTB16"`), an AugReg name (`"B_16"`,
+            `"R26_S_32"`, `"B/16"`, ...: dropout 0) or None for a fully
             custom model built from the keywords below.
         include_top: bool. Whether to add the classification head.
         weights: None, a path to an original `.npz` or a Keras
@@ -247,7 +241,7 @@ def ViT(
             f"Received: pooling={pooling!r} with include_top=True"
         )
     if include_top:
-        num_classes = _positive_int(num_classes, "num_classes")
+        num_classes = positive_int(num_classes, "num_classes")
     if not isinstance(allow_nonfinite, bool):
         raise ValueError(
             f"`allow_nonfinite` must be a bool. Received: allow_nonfinite={allow_nonfinite!r}"
@@ -289,11 +283,18 @@ def ViT(
         )
 
     # --- Input ---
-    if input_tensor is not None and input_shape is None:
-        input_shape = tuple(input_tensor.shape[1:])
     # Pixels per token: the patch, times the ResNet stem's stride for hybrids.
     stride = (stem_stride * patch[0], stem_stride * patch[1])
-    input_shape = _check_input_shape(input_shape or DEFAULT_INPUT_SHAPE, stride, stem_stride, patch)
+    if input_tensor is not None:
+        tensor_shape = tuple(input_tensor.shape[1:])
+        if input_shape is not None and _check_input_shape(input_shape, stride, stem_stride, patch) != tensor_shape:
+            raise ValueError(
+                "`input_shape` must be the shape of `input_tensor` (without the batch), or None. "
+                f"Received: input_shape={tuple(input_shape)!r}, input_tensor of shape {tensor_shape}"
+            )
+        input_shape = tensor_shape
+    input_shape = _check_input_shape(DEFAULT_INPUT_SHAPE if input_shape is None else input_shape, stride,
+                                     stem_stride, patch)
     dynamic = None in input_shape[:2]
     if dynamic:
         stored = _stored_size(image_size, input_shape, stride)
@@ -302,6 +303,11 @@ def ViT(
             "`image_size` sets the stored resolution of a dynamic-size model (an `input_shape` side "
             f"set to None); this model's input is fixed. Received: image_size={image_size!r}, "
             f"input_shape={input_shape}"
+        )
+    if include_preprocessing and pixel_mean is not None and input_shape[2] != 3:
+        raise ValueError(
+            "`pixel_mean` and `pixel_std` hold 3 per-channel values; the model's images have "
+            f"{input_shape[2]} channels. Received: input_shape={input_shape}"
         )
     if input_tensor is None:
         inputs = keras.Input(shape=input_shape, name="images")
@@ -441,6 +447,10 @@ def _check_family_options(fields):
     if fields["pool_include_prefix"] not in (None, True, False):
         raise ValueError("`pool_include_prefix` must be None or a bool. "
                          f"Received: pool_include_prefix={fields['pool_include_prefix']!r}")
+    bias = fields["head_bias_init"]
+    if not is_real(bias):
+        raise ValueError(f"`head_bias_init` must be a finite real number. Received: head_bias_init={bias!r}")
+    fields["head_bias_init"] = float(bias)
     epsilon = fields["layer_norm_epsilon"]
     if not is_real(epsilon) or not epsilon > 0:
         raise ValueError(f"`layer_norm_epsilon` must be a positive float. Received: layer_norm_epsilon={epsilon!r}")
@@ -524,9 +534,9 @@ __all__ = ["ViT", "get_model", *variants.CONSTRUCTORS]
 
 
 def get_model(variant, /, **kwargs):
-    """Builds a model from an original config name or an AugReg name.
+    """Builds a model from an original config, constructor or AugReg name.
 
-    `get_model("ViT-B_16")`, `get_model("ViT-B_16-gap-norep")`,
+    `get_model("ViT-B_16")`, `get_model("ViTB16")`, `get_model("ViT-B_16-gap-norep")`,
     `get_model("testing")`, `get_model("B_16", weights="augreg")`,
     `get_model("R50+ViT-B_16")`, `get_model("R26_S_32")`; keyword arguments as
     `ViT` (`name=` names the Keras model).

@@ -56,6 +56,7 @@ from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import positive_int
 from keras_vit.anatomy import anatomy
 from keras_vit.distribute import tf_replica_context
 
@@ -390,13 +391,8 @@ class MaskedPatchPrediction(keras.Model):
                 f"`quantization` must be one of {QUANTIZATIONS}. Received: quantization={quantization!r}"
             )
         self.bits = _check_bits(bits)
-        if head_hidden_size is not None and (
-            not isinstance(head_hidden_size, int) or head_hidden_size <= 0
-        ):
-            raise ValueError(
-                "`head_hidden_size` must be None or a positive int. "
-                f"Received: head_hidden_size={head_hidden_size!r}"
-            )
+        if head_hidden_size is not None:
+            head_hidden_size = positive_int(head_hidden_size, "head_hidden_size")
         self.backbone = backbone
         self.target = target
         self.quantization = quantization

@@ -11,12 +11,7 @@ import time
 
 import keras
 
-from keras_vit.layers.utils import is_int
-
-
-def _positive_int(value, name):
-    if not is_int(value) or value < 1:
-        raise ValueError(f"`{name}` must be a positive int. Received: {name}={value!r}")
+from keras_vit.layers.utils import positive_int
 
 
 class UpdateProgress(keras.callbacks.Callback):
@@ -47,7 +42,7 @@ class UpdateProgress(keras.callbacks.Callback):
         super().__init__()
         for name, value in (("total_updates", total_updates), ("updates_per_epoch", updates_per_epoch),
                             ("accumulation_steps", accumulation_steps)):
-            _positive_int(value, name)
+            positive_int(value, name)
         if verbose not in (0, 1, 2) or isinstance(verbose, bool):
             raise ValueError(f"`verbose` must be 0, 1 or 2. Received: verbose={verbose!r}")
         self.total_updates, self.updates_per_epoch = total_updates, updates_per_epoch
@@ -114,7 +109,7 @@ class ThroughputTimer(keras.callbacks.Callback):
 
     def __init__(self, skip=2):
         super().__init__()
-        _positive_int(skip, "skip")
+        positive_int(skip, "skip")
         self.skip, self.batches, self.timed_batches, self.elapsed = skip, 0, 0, 0.0
         self._start = self._started_at = None
         self._in_epoch = 0

@@ -165,6 +165,7 @@ def check_architecture(model, variant, weights):
         "class token": fields["classifier"] in ("token", "token_unpooled"),
         "resnet": tuple(fields["resnet"]) if hybrid else None,
         "ResNet root width": ROOT_WIDTH if hybrid else None,
+        "channels": 3,  # every published file is for RGB images
     }
     actual = {
         "patch_size": parts.embedding_patch_size,
@@ -175,6 +176,7 @@ def check_architecture(model, variant, weights):
         "class token": parts.has_class_token,
         "resnet": parts.resnet,
         "ResNet root width": parts.resnet_width,
+        "channels": parts.channels,
     }
     if not hybrid:  # a plain ViT's patch size may change: the loader PI-resizes (FlexiViT)
         del expected["patch_size"], actual["patch_size"]
@@ -191,7 +193,7 @@ def check_architecture(model, variant, weights):
     if differences:
         raise ValueError(
             f"The {weights!r} checkpoint is for the published {variant} architecture, "
-            f"but this model has {', '.join(differences)}: keyword overrides changed "
+            f"but this model has {', '.join(differences)}: keyword overrides (or input_shape) changed "
             "the architecture, so the checkpoint cannot load (nothing was "
             "downloaded). Build the model without them, or load a file of this "
             f"architecture by path; `variant` must name this model's architecture. "

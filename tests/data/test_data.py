@@ -592,13 +592,18 @@ def test_batch_augmentation_as_text(folder):
         '[{"class_name": "RandAugment", "config": {"num_ops": 3}}, {"class_name": "MixUp", "config": {"alpha": 0.5}}]')
     assert [type(layer).__name__ for layer in layers] == ["RandAugment", "MixUp"]
     assert layers[0].num_ops == 3 and layers[1].alpha == 0.5
+    # Under a mixed policy and a global channels_first (a PyTorch user's
+    # keras.json), the layers still compute in float32 on NHWC batches.
     keras.config.set_dtype_policy("mixed_bfloat16")
+    keras.config.set_image_data_format("channels_first")
     try:
-        named = keras_vit.data.augmentation_layers(" RandomFlip , MixUp")
+        named = keras_vit.data.augmentation_layers(" RandomFlip , MixUp, AutoContrast")
     finally:
         keras.config.set_dtype_policy("float32")
-    assert [(type(layer).__name__, layer.compute_dtype) for layer in named] == [
-        ("RandomFlip", "float32"), ("MixUp", "float32")]
+        keras.config.set_image_data_format("channels_last")
+    assert [(type(layer).__name__, layer.compute_dtype, layer.data_format) for layer in named] == [
+        ("RandomFlip", "float32", "channels_last"), ("MixUp", "float32", "channels_last"),
+        ("AutoContrast", "float32", "channels_last")]
     source = keras_vit.data.from_directory(folder[0])
     spec = '[{"class_name": "Rescaling", "config": {"scale": 0.5}}]'
     by_text = _augmented(source, spec, n=2)
@@ -637,6 +642,8 @@ def test_batch_augmentation_errors_name_the_layer(folder):
         _augmented(source, Shrink())
     with pytest.raises(ValueError, match=r"layer 'mix_up(_\d+)?' computes in bfloat16.*dtype='float32'"):
         _augmented(source, keras.layers.MixUp(dtype="mixed_bfloat16"))
+    with pytest.raises(ValueError, match=r"layer 'random_flip(_\d+)?' reads data_format='channels_first'"):
+        _augmented(source, keras.layers.RandomFlip(data_format="channels_first"))
 
 
 @pytest.mark.one_backend

@@ -40,6 +40,9 @@ def test_list_models_pattern():
     assert [m.name for m in keras_vit.list_models("ViTL*")] == ["ViT-L_16", "ViT-L_32"]
     assert [m.name for m in keras_vit.list_models("R26_*")] == ["R26+ViT-B_32", "R26+ViT-S_32"]
     assert keras_vit.list_models("nothing*") == []
+    # big_vision-style names, as `get_model` and `available_weights` take them.
+    assert [m.name for m in keras_vit.list_models("B/16")] == ["ViT-B_16"]
+    assert [m.name for m in keras_vit.list_models("R26+S/32")] == ["R26+ViT-S_32"]
     with pytest.raises(ValueError, match="Received: pattern=3"):
         keras_vit.list_models(3)
 

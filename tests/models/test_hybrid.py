@@ -428,6 +428,23 @@ def test_keras_save_and_load(tmp_path):
     assert revived.get_layer("gn_root").epsilon == 1e-6
 
 
+def test_global_channels_first_builds_the_same_hybrid():
+    """Under `keras.config.set_image_data_format("channels_first")` (a
+    PyTorch user's keras.json) the root's max-pool pooled over (W, C): another
+    network (half the channels, rows not pooled), trained silently."""
+    model = randomize_hybrid(tiny_hybrid("stages"))
+    x = images(LOW)
+    expected = run(model, x)
+    keras.config.set_image_data_format("channels_first")
+    try:
+        other = tiny_hybrid("stages")
+    finally:
+        keras.config.set_image_data_format("channels_last")
+    assert other.get_layer("pool_root").output.shape == model.get_layer("pool_root").output.shape
+    other.set_weights(model.get_weights())
+    np.testing.assert_array_equal(run(other, x), expected)
+
+
 def test_gradient_reaches_every_weight():
     model = tiny_hybrid("small", size=32)
     # Random weights: the zero-initialised head and gn3 scales would

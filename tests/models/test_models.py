@@ -120,6 +120,8 @@ def test_augreg_and_slash_names_resolve():
     # AugReg fine-tuning uses dropout 0 (vit_jax configs/augreg.py).
     assert lazy_build(lambda: build("L_16")) == ("vit_l_16", 0.0)
     assert lazy_build(lambda: build("ViT-L_16")) == ("vit_l_16", 0.1)
+    # The constructor's name, as `available_weights` and `list_models` give it.
+    assert lazy_build(lambda: build("ViTL16")) == ("vit_l_16", 0.1)
     # `name` is the Keras model's name, as for `ViT` (issue 21: it clashed
     # with get_model's own first argument).
     assert lazy_build(lambda: keras_vit.get_model("testing", name="x").name) == "x"
@@ -247,6 +249,8 @@ def test_input_tensor():
     })
     assert model.inputs[0] is inputs
     assert model.output.shape == (None, 16)
+    # The same shape given twice is accepted.
+    assert keras_vit.ViT(None, **TINY, input_tensor=keras.Input(TINY["input_shape"])).input_shape == (None, 32, 32, 3)
 
 
 def test_intermediate_blocks_can_be_tapped():
@@ -327,6 +331,16 @@ def test_dropout_and_drop_path_only_in_training():
         (dict(pooling="gap"), "applies to include_top=False.*pooling=.gap."),
         (dict(pooling="token", include_top=True), "pooling='token' with include_top=True"),
         (dict(posemb_interpolation="nearest"), "posemb_interpolation='nearest'"),
+        (dict(mlp_dim=True), "mlp_dim=True"),
+        (dict(num_heads=True), "num_heads=True"),
+        (dict(representation_size=True), "representation_size=True"),
+        (dict(head_bias_init=float("nan")), "head_bias_init=nan"),
+        (dict(input_shape=(3, 32, 32)), r"Images are \(height, width, channels\).*input_shape=\(3, 32, 32\)"),
+        (dict(input_tensor=keras.Input((64, 64, 3))), r"input_shape=\(32, 32, 3\), input_tensor of shape \(64, 64, 3\)"),
+        (dict(input_shape=(32, 32, 1), include_preprocessing=True, pixel_mean=(0.5,) * 3, pixel_std=(0.2,) * 3),
+         r"3 per-channel values; the model's images have 1 channels. Received: input_shape=\(32, 32, 1\)"),
+        (dict(include_preprocessing=True, pixel_mean=(123.7, 116.3, 103.5), pixel_std=(58.4, 57.1, 57.4)),
+         r"divide values on the 0-255 scale by 255.*pixel_mean=\(123.7"),
     ],
 )
 def test_bad_arguments_name_the_value(kwargs, match):
@@ -335,15 +349,21 @@ def test_bad_arguments_name_the_value(kwargs, match):
 
 
 def test_numpy_integer_sizes_are_accepted():
-    shape = tuple(np.array([32, 48, 3], np.int64))
-    model = keras_vit.ViT(None, **{**TINY, "input_shape": shape}, num_classes=np.int64(5))
+    """Sizes from numpy (a grid, an array of shapes), every one of them:
+    `hidden_size=np.int64(16)` was refused as "Received: hidden_size=16"."""
+    sizes = {k: np.int64(v) for k, v in TINY.items() if k in ("hidden_size", "mlp_dim", "num_heads", "num_layers")}
+    model = keras_vit.ViT(None, **{**TINY, **sizes, "input_shape": np.array([32, 48, 3], np.int64)},
+                          num_classes=np.int64(5), representation_size=np.int64(8))
     assert model.input_shape == (None, 32, 48, 3) and model.output.shape == (None, 5)
     assert all(type(s) is int for s in model.input_shape[1:])
+    assert type(model.get_layer("embedding").get_config()["hidden_size"]) is int
 
 
 def test_unknown_variant_and_keyword():
     with pytest.raises(ValueError, match="variant='ViT-X_16'"):
         keras_vit.get_model("ViT-X_16")
+    with pytest.raises(ValueError, match=r"Did you mean 'ViT-B_16'\?.*variant='vit-b_16'"):
+        keras_vit.get_model("vit-b_16")
     with pytest.raises(TypeError, match="hidden=3"):
         keras_vit.get_model("testing", hidden=3)
 
@@ -358,6 +378,9 @@ def test_preprocess_input():
     out = keras.ops.convert_to_numpy(keras_vit.preprocess_input(pixels))
     np.testing.assert_allclose(out, [[-1.0, -0.6, 1.0]], atol=1e-7)
     assert out.dtype == np.float32
+    # A checkpoint's 3 per-channel values never broadcast over 1 channel.
+    with pytest.raises(ValueError, match=r"the images have 1 channels. Received: images of shape \(1, 2, 2, 1\)"):
+        keras_vit.preprocess_input(np.zeros((1, 2, 2, 1), "uint8"), (0.5,) * 3, (0.2,) * 3)
 
 
 @pytest.mark.large

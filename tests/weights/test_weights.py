@@ -689,10 +689,11 @@ def test_load_weights_takes_every_alias_of_the_variant(bucket, tmp_path):
     (tmp_path / "augreg").mkdir()  # a folder of the name, here: not what the name means
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)
-        for alias in ("Ti/16", "Ti_16", "ViT-Ti_16"):
+        for alias in ("Ti/16", "Ti_16", "ViT-Ti_16", "ViTTi16"):
             keras_vit.load_weights(model, "augreg", variant=alias)
-    with pytest.raises(ValueError, match=r"Unknown ViT variant.*Received: variant='ViTTi16'"):
-        keras_vit.load_weights(model, "augreg", variant="ViTTi16")
+    with pytest.raises(ValueError, match=r"Unknown ViT variant. Did you mean 'ViT-Ti_16'\?.*"
+                                         r"Received: variant='vit-ti_16'"):
+        keras_vit.load_weights(model, "augreg", variant="vit-ti_16")
     with pytest.raises(ValueError, match=r"`variant` must name this model's architecture. Received: "
                                          r"weights='augreg', variant='ViT-S_16'"):
         keras_vit.load_weights(model, "augreg", variant="S/16")
@@ -836,6 +837,9 @@ def test_architecture_overrides_are_refused_before_download(bucket):
     # Options the original format has no keys for (a GB download refused after the fact before).
     with pytest.raises(ValueError, match=r"this model has qk_norm=True, gelu='exact': .*nothing was downloaded"):
         keras_vit.ViTTi16(input_shape=(32, 32, 3), gelu="exact", qk_norm=True, weights="augreg")
+    # Every published file is for RGB (a grey-scale model downloaded 2.5 GB to be refused).
+    with pytest.raises(ValueError, match=r"channels 1 \(the checkpoint's: 3\).*nothing was downloaded"):
+        keras_vit.ViTTi16(input_shape=(32, 32, 1), weights="augreg")
     assert bucket.requests == []
 
 
