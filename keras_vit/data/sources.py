@@ -74,7 +74,7 @@ def _import_tfds():
     except ImportError as e:  # pragma: no cover - depends on the install.
         raise ImportError(
             "tfds sources need tensorflow-datasets: `pip install tensorflow-datasets` "
-            "(or `pip install keras-vit[recipes]`)."
+            "(the `recipes` extra has it)."
         ) from e
     return tfds
 

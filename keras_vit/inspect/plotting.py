@@ -15,8 +15,8 @@ def _matplotlib_figure():
         from matplotlib.figure import Figure
     except ImportError as e:  # pragma: no cover - depends on the install.
         raise ImportError(
-            "Plotting needs matplotlib: `pip install matplotlib` (or "
-            "`pip install keras-vit[recipes]`)."
+            "Plotting needs matplotlib: `pip install matplotlib` (the "
+            "`recipes` extra has it)."
         ) from e
     return Figure
 

@@ -80,8 +80,8 @@ def _load_rgb(path):
     try:
         from PIL import Image
     except ImportError:
-        raise ImportError("Reading image files needs pillow: `pip install pillow` (or "
-                          "`pip install keras-vit[recipes]`).") from None
+        raise ImportError("Reading image files needs pillow: `pip install pillow` (the "
+                          "`recipes` extra has it).") from None
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)

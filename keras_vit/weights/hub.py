@@ -4,7 +4,7 @@ The Hub is reached through `huggingface_hub` itself (its cache, revisions,
 tokens for gated repositories, `HF_HUB_OFFLINE`, resumable downloads), and
 only `safetensors` files are read: PyTorch's `.bin`/`.pth` files are pickles,
 which can run code when loaded, and are refused. Both packages are the
-optional extra `keras-vit[hub]`.
+optional extra `hub` (`pip install -e ".[hub]"` from a clone).
 """
 
 import json
@@ -27,7 +27,7 @@ def _require(module):
     except ImportError:
         raise ImportError(
             f"Reading or writing timm checkpoints needs the `{module.split('.')[0]}` package: "
-            "pip install 'keras-vit[hub]' (huggingface_hub and safetensors)."
+            "pip install huggingface_hub safetensors (the `hub` extra)."
         ) from None
 
 
