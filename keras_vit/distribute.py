@@ -144,7 +144,20 @@ class DistributionSetup:
 
         Returns:
             The predictions for exactly the rows of `x`.
+
+        Raises:
+            NotImplementedError: in a multi-process (multi-host) run, where
+                Keras takes no numpy input and the outputs span every host's
+                devices: evaluate there, on a pipeline with
+                `pad_to_batch=True` (docs/training.md).
         """
+        if process_count() > 1:
+            raise NotImplementedError(
+                "DistributionSetup.predict runs in one process: in a multi-host run Keras takes no numpy input "
+                "and the outputs span the devices of every host. Evaluate on a pipeline with pad_to_batch=True "
+                "(and padded_batch_metrics), or predict in a single-host process. "
+                f"Received: {process_count()} processes"
+            )
         if not is_int(batch_size) or batch_size <= 0:
             raise ValueError(
                 f"`batch_size` must be a positive int. Received: batch_size={batch_size!r}"
@@ -205,7 +218,11 @@ def get_distribution(
             the largest of 8, 4, 2, 1 that divides the device count.
         multi_host: JAX only: call `keras.distribution.initialize()` first
             (TPU pods, multi-host GPU clusters; addresses come from the TPU
-            environment or `KERAS_DISTRIBUTION_*` variables).
+            environment or `KERAS_DISTRIBUTION_*` variables), or, after the
+            user's own `jax.distributed.initialize()`, give every process
+            one random seed. Data parallel only. Build the training
+            pipelines after this call (or seed them). A process of a
+            multi-process run is refused without it.
 
     Returns:
         A `DistributionSetup`.
@@ -446,14 +463,13 @@ class _ViTModelParallel(keras.distribution.ModelParallel):
 
 def _jax_setup(mode, devices, model_parallel_size, multi_host):
     if multi_host:
-        import jax
-
-        # CPU hosts need a cross-process collective implementation; older
-        # JAX releases set none by default ("Multiprocess computations aren't
-        # implemented on the CPU backend"). Accelerators are not affected.
-        if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "none"):
-            jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        keras.distribution.initialize()
+        _start_multi_host(mode)
+    elif _int_env("KERAS_DISTRIBUTION_NUM_PROCESSES") > 1 or process_count() > 1:
+        raise RuntimeError(
+            "This process is one of several (jax.distributed or KERAS_DISTRIBUTION_NUM_PROCESSES), but "
+            "multi_host=False would train each process on its own devices, a run of its own. Pass "
+            "multi_host=True (the recipes run on one host). Received: multi_host=False"
+        )
     if mode == "tpu":
         try:
             tpu_devices = keras.distribution.list_devices("tpu")
@@ -507,6 +523,70 @@ def _jax_setup(mode, devices, model_parallel_size, multi_host):
     )
 
 
+def _int_env(name):
+    try:
+        return int(os.environ.get(name) or 0)
+    except ValueError:
+        raise ValueError(f"${name} must be an int. Received: {name}={os.environ[name]!r}") from None
+
+
+def _start_multi_host(mode):
+    """`keras.distribution.initialize()` (jax.distributed and one random
+    seed for every process), or, where JAX's distributed system is already
+    up, the seed alone."""
+    import sys
+
+    import jax
+
+    if mode == "model_parallel":
+        # Keras reads a weight by fetching every shard to one process
+        # (`get_weights`, `save`): weights sharded over several hosts could
+        # train but never be saved.
+        raise ValueError(
+            "mode='model_parallel' shards weights over the devices of several processes, which Keras "
+            "cannot save (it fetches a weight whole to one process); use mode='data_parallel' across "
+            "hosts. Received: mode='model_parallel', multi_host=True"
+        )
+    pipelines = sys.modules.get("keras_vit.data.pipelines")
+    if pipelines is not None and pipelines.unseeded_training_pipelines:
+        raise RuntimeError(
+            f"{pipelines.unseeded_training_pipelines} keras_vit training pipeline(s) were built with seed=None "
+            "before the multi-host start: their order and augmentation come from TensorFlow's global seed, "
+            "which differs between processes until this call, so each host would feed its part of every "
+            "batch from another order (examples seen twice or never). Build the pipelines after "
+            "get_distribution(multi_host=True), or pass them the same seed= on every host."
+        )
+    if jax.distributed.is_initialized():
+        # Started by the user (`jax.distributed.initialize`): the seed alone,
+        # as Keras' start does. Keras draws unseeded initial weights from
+        # Python's generator: one draw per process, equal where the user
+        # seeded every process alike, else one seed for all from their sum
+        # (weights drawn differently per process fail in device_put).
+        import random
+
+        from jax.experimental import multihost_utils
+
+        draws = np.asarray(multihost_utils.process_allgather(np.int64(random.randint(0, 2**31 - 1))))
+        if len(set(draws.tolist())) > 1:
+            keras.utils.set_random_seed(int(draws.sum() % 2**31))
+        return
+    # CPU hosts need a cross-process collective implementation; older
+    # JAX releases set none by default ("Multiprocess computations aren't
+    # implemented on the CPU backend"). Accelerators are not affected.
+    if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "none"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        keras.distribution.initialize()
+    except ValueError as error:
+        if "coordinator_address" not in str(error):
+            raise
+        raise ValueError(
+            "multi_host=True found no cluster: set KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's "
+            "host:port), KERAS_DISTRIBUTION_NUM_PROCESSES and KERAS_DISTRIBUTION_PROCESS_ID on every process "
+            f"(a TPU pod sets its own). JAX said: {error}"
+        ) from None
+
+
 # --------------------------------------------------------------------------
 # Process and random state, for resumable runs (training.BackupAndResume).
 # The backend modules are imported here, lazily, as for the strategies.
@@ -520,6 +600,15 @@ def process_index():
     import jax
 
     return jax.process_index()
+
+
+def process_count():
+    """The processes of a multi-process JAX run (1 otherwise)."""
+    if keras.backend.backend() != "jax":
+        return 1
+    import jax
+
+    return jax.process_count()
 
 
 def backend_rng_state():

@@ -91,6 +91,66 @@ def test_several_tensorflow_workers_are_refused_with_advice(monkeypatch):
         assert "multi_host=True" in str(info.value) and f"mode={mode!r}" in str(info.value)
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="multi_host is JAX's")
+def test_multi_host_refusals_come_before_the_start(monkeypatch):
+    """What trained silently wrong or could never be saved, refused before
+    `keras.distribution.initialize()`: weights sharded over hosts (Keras
+    fetches a weight whole to save it), a training pipeline with seed=None
+    built before the start (each host read its part of a batch from another
+    order), and a process of several started without multi_host (a run of
+    its own)."""
+    import tensorflow as tf
+
+    from keras_vit.data import pipelines
+    from keras_vit.data.sources import DataSource
+
+    with pytest.raises(ValueError, match="mode='model_parallel', multi_host=True"):
+        distribute.get_distribution("model_parallel", multi_host=True)
+    monkeypatch.setattr(pipelines, "unseeded_training_pipelines", 0)
+    source = DataSource(tf.data.Dataset.from_tensor_slices(
+        {"image": np.zeros((4, 8, 8, 3), "uint8"), "label": np.zeros(4, "int64")}), num_classes=2, num_examples=4)
+    pipelines.finetune_pipeline(source, training=False, batch_size=2, image_size=8)
+    pipelines.finetune_pipeline(source, training=True, batch_size=2, image_size=8, seed=0)
+    assert pipelines.unseeded_training_pipelines == 0  # evaluation and seeded pipelines are alike everywhere
+    pipelines.finetune_pipeline(source, training=True, batch_size=2, image_size=8)
+    with pytest.raises(RuntimeError, match=r"1 keras_vit training pipeline\(s\) were built with seed=None before"):
+        distribute.get_distribution("data_parallel", multi_host=True)
+    monkeypatch.setenv("KERAS_DISTRIBUTION_NUM_PROCESSES", "2")
+    with pytest.raises(RuntimeError, match="This process is one of several.*Received: multi_host=False"):
+        distribute.get_distribution("data_parallel")
+    # Keras takes no numpy input there, and the outputs span every host.
+    monkeypatch.setattr(distribute, "process_count", lambda: 2)
+    with pytest.raises(NotImplementedError, match="pad_to_batch=True.*Received: 2 processes"):
+        distribute.DistributionSetup("data_parallel", "jax", num_replicas=4).predict(None, np.zeros((3, 2)))
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="multi_host is JAX's")
+def test_multi_host_start_without_a_cluster_and_after_jax_started_it():
+    """No KERAS_DISTRIBUTION_* variables: an error naming them (JAX's bare
+    "coordinator_address should be defined" before). After the script's own
+    `jax.distributed.initialize`: the seed agreement alone (it called
+    jax.distributed.initialize a second time, and failed)."""
+    code = """if True:
+        import os, sys
+        from keras_vit import distribute
+        try:
+            distribute.get_distribution("data_parallel", multi_host=True)
+        except ValueError as error:
+            print("refused:", error)
+        import jax
+        jax.distributed.initialize(coordinator_address="localhost:" + sys.argv[1], num_processes=1, process_id=0)
+        print("after:", distribute.get_distribution("data_parallel", multi_host=True))
+    """
+    env = child_env(KERAS_BACKEND="jax")
+    for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID"):
+        env.pop(name, None)
+    result = subprocess.run([sys.executable, "-c", code, str(_free_ports(1)[0])], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused: multi_host=True found no cluster: set KERAS_DISTRIBUTION_JOB_ADDRESSES" in result.stdout
+    assert "after: DistributionSetup(mode='data_parallel'" in result.stdout
+
+
 def test_tpu_without_a_tpu_is_a_clear_error():
     if BACKEND == "torch":
         pytest.skip("no TPU mode with torch (covered by the test above)")

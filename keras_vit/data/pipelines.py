@@ -67,6 +67,13 @@ def _check_common(source, training, batch_size, image_size, cache, pad_to_batch,
         _checks.fail("pad_to_batch", pad_to_batch, "False when training=True (training batches are all full)")
 
 
+# Training pipelines built with seed=None: their order and augmentation come
+# from TensorFlow's global seed, which a multi-host JAX start
+# (`keras.distribution.initialize`) makes equal across processes only for
+# pipelines built after it.
+unseeded_training_pipelines = 0
+
+
 def _batched(
     source,
     preprocess,
@@ -96,6 +103,9 @@ def _batched(
     parallel maps run in. (The original draws with stateful ops, which a
     parallel map makes differ from run to run.)
     """
+    if training and seed is None:  # `keras_vit.distribute` refuses a later multi-host start
+        global unseeded_training_pipelines
+        unseeded_training_pipelines += 1
     # One key per stream (examples, batches), folded with the position.
     # Evaluation draws nothing: no key, and no draw from the global generator.
     example_key, batch_key = tf.unstack(ops.split_seed(seed, 2)) if training else (None, None)

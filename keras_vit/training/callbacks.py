@@ -203,9 +203,11 @@ class BackupAndResume(keras.callbacks.Callback):
                 _remove(os.path.join(self.backup_dir, _lora_file(weights)))
             full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
             reason = "the disk is full" if full else f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            # Not every RuntimeError is the disk's (e.g. a weight no process holds whole).
+            fix = "free space" if full or isinstance(error, OSError) else "fix that"
             raise CheckpointWriteError(
                 f"Writing the checkpoint of step {step} in {self.backup_dir} failed: {reason}. "
-                f"The last good checkpoint is kept ({kept or 'none was written yet'}); free space and "
+                f"The last good checkpoint is kept ({kept or 'none was written yet'}); {fix} and "
                 f"run the same command again to resume from it. Received: backup_dir={self.backup_dir!r}"
             ) from None
         for name in os.listdir(self.backup_dir):  # older ones, and orphans of a kill

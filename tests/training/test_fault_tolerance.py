@@ -429,13 +429,28 @@ def test_a_full_disk_stops_with_one_message_and_keeps_the_last_checkpoint(tmp_pa
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith(f"Writing the checkpoint of step 3 in {directory} failed: the disk is full. "
-                               "The last good checkpoint is kept (step-000000000002.weights.h5)")
+                               "The last good checkpoint is kept (step-000000000002.weights.h5); free space and ")
     assert sorted(os.listdir(directory)) == ["backup.lock", "checkpoint.json", "step-000000000002.weights.h5"]
     # Space again: the same command resumes from step 2 and ends at step 4.
     model = _small_model()
     backup = _small_fit(model, directory)
     assert backup.resumed_from["step"] == 2
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+
+
+def test_a_checkpoint_failure_not_of_the_disk_says_so(tmp_path):
+    """A RuntimeError that is not the disk's (JAX's "Fetching value for
+    jax.Array that spans non-addressable devices": weights sharded over
+    hosts) advised freeing space, forever."""
+    model = _small_model()
+
+    def save_weights(*args, **kwargs):
+        raise RuntimeError("Fetching value for jax.Array that spans non-addressable devices is not possible")
+
+    model.save_weights = save_weights
+    with pytest.raises(training.CheckpointWriteError, match=r"failed: RuntimeError: Fetching value .* \(none was "
+                                                            r"written yet\); fix that and run the same command"):
+        _small_fit(model, tmp_path / "backup")
 
 
 def _other_backend_checkpoint(small_checkpoint, tmp_path, backend):
