@@ -309,10 +309,15 @@ def _tf_tpu_strategy(tpu):
 
 
 def _tf_config_workers():
+    text = os.environ.get("TF_CONFIG", "{}") or "{}"
     try:
-        config = json.loads(os.environ.get("TF_CONFIG", "{}") or "{}")
-    except json.JSONDecodeError:
-        return 0
+        config = json.loads(text)
+    except json.JSONDecodeError as error:
+        # TensorFlow's cluster resolvers would fail on it later, with
+        # json's bare message.
+        raise ValueError(f"$TF_CONFIG is not JSON ({error}). Received: TF_CONFIG={text!r}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"$TF_CONFIG must be a JSON object. Received: TF_CONFIG={text!r}")
     cluster = config.get("cluster", {})
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
