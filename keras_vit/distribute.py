@@ -616,6 +616,17 @@ def process_count():
     return jax.process_count()
 
 
+def all_processes(value):
+    """`value` (an int) from every process of a multi-process JAX run, in
+    process order (`[value]` otherwise): a failure on one process reaches the
+    others, which would otherwise wait in JAX's collectives until it times out."""
+    if process_count() == 1:
+        return [int(value)]
+    from jax.experimental import multihost_utils
+
+    return [int(v) for v in np.asarray(multihost_utils.process_allgather(np.int64(value))).ravel()]
+
+
 def backend_rng_state():
     """PyTorch's own generators (CPU, then each GPU) as lists, or None on
     other backends: Keras' unseeded `Dropout` draws its mask from them on

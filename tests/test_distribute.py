@@ -659,6 +659,8 @@ def _hosts_fit(setup):
         "updates": int(keras.ops.convert_to_numpy(model.optimizer.iterations)),
         "host_batch": int(host_batch),
         "loss": float(history.history["loss"][0]),
+        # What BackupAndResume gathers to stop every process with one's failure.
+        "gathered": distribute.all_processes(10 + jax.process_index()),
     }
 
 
@@ -697,10 +699,12 @@ def test_jax_two_processes_equal_one_process(jax_child, tmp_path):
     reports = [finish(p) for p in hosts]
     single, directory = dict(jax_child[0]["hosts_reference"]), jax_child[1]
     loss = single.pop("loss")
-    assert single == {"processes": 1, "devices": 8, "local_devices": 8, "updates": 3, "host_batch": 8}
+    assert single == {"processes": 1, "devices": 8, "local_devices": 8, "updates": 3, "host_batch": 8,
+                      "gathered": [10]}
     for report in reports:
         assert report.pop("loss") == pytest.approx(loss, rel=1e-5)
-        assert report == {"processes": 2, "devices": 4, "local_devices": 2, "updates": 3, "host_batch": 4}
+        assert report == {"processes": 2, "devices": 4, "local_devices": 2, "updates": 3, "host_batch": 4,
+                          "gathered": [10, 11]}
     start = _tiny_setup()[0]
     with np.load(tmp_path / "hosts.npz") as a, np.load(directory / "reference.npz") as b:
         got, want = [a[k] for k in a.files], [b[k] for k in b.files]

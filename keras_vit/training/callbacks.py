@@ -183,6 +183,10 @@ class BackupAndResume(keras.callbacks.Callback):
             # calls it; only process 0 keeps the file.
             with tempfile.TemporaryDirectory() as scratch:
                 model.save_weights(os.path.join(scratch, "discarded.weights.h5"))
+            if any(distribute.all_processes(False)):
+                raise CheckpointWriteError(
+                    f"Process 0 could not write the checkpoint of step {step} in {self.backup_dir} (its error says "
+                    f"why); this process stops with it. Received: backup_dir={self.backup_dir!r}")
             self._last_saved = {"step": step}
             return
         weights = f"step-{step:012d}.weights.h5"
@@ -195,6 +199,7 @@ class BackupAndResume(keras.callbacks.Callback):
         try:
             metadata = self._write(model, step, weights)
         except (OSError, RuntimeError) as error:  # h5py reports a full disk as either
+            distribute.all_processes(True)
             for name in (f".tmp-{weights}", f".tmp-{_POINTER}", f".tmp-{_lora_file(weights)}"):
                 _remove(os.path.join(self.backup_dir, name))
             kept = (self._last_saved or {}).get("weights")
@@ -210,6 +215,7 @@ class BackupAndResume(keras.callbacks.Callback):
                 f"The last good checkpoint is kept ({kept or 'none was written yet'}); {fix} and "
                 f"run the same command again to resume from it. Received: backup_dir={self.backup_dir!r}"
             ) from None
+        distribute.all_processes(False)
         for name in os.listdir(self.backup_dir):  # older ones, and orphans of a kill
             if (_WEIGHTS_NAME.match(name) or _LORA_NAME.match(name)) and name not in (weights, _lora_file(weights)):
                 _remove(os.path.join(self.backup_dir, name))
@@ -309,8 +315,16 @@ class BackupAndResume(keras.callbacks.Callback):
         self._acquire_and_restore(set_initial_epoch=True)
 
     def _acquire_and_restore(self, set_initial_epoch):
+        refused = None
         if self._is_writer():
-            _acquire_lock(self.backup_dir)
+            try:
+                _acquire_lock(self.backup_dir)
+            except RuntimeError as error:
+                refused = error
+        if any(distribute.all_processes(refused is not None)):
+            raise refused or RuntimeError(
+                f"Process 0 could not take the backup directory {self.backup_dir} (its error says why); this "
+                f"process stops with it. Received: backup_dir={self.backup_dir!r}")
         try:
             return self._restore(set_initial_epoch)
         except BaseException:  # a refused checkpoint does not keep the lock
@@ -324,6 +338,12 @@ class BackupAndResume(keras.callbacks.Callback):
     def _restore(self, set_initial_epoch):
         """Loads the checkpoint, if any; returns `(epoch, batch)` to resume at."""
         metadata = self.read_checkpoint()
+        steps = distribute.all_processes(-1 if metadata is None else metadata["step"])
+        if len(set(steps)) > 1:
+            seen = ", ".join(f"process {i}: {'none' if s < 0 else f'step {s}'}" for i, s in enumerate(steps))
+            raise ValueError(
+                f"The processes see different checkpoints in {self.backup_dir} ({seen}): `backup_dir` must be on "
+                f"a file system every process sees. Received: backup_dir={self.backup_dir!r}")
         if metadata is None:
             return 0, 0
         model = self.model

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit import training
+from keras_vit import distribute, training
 from tests.helpers import CopyCheckpointAfterEpoch0
 from tests.test_distribute import ROOT, child_env
 
@@ -451,6 +451,31 @@ def test_a_checkpoint_failure_not_of_the_disk_says_so(tmp_path):
     with pytest.raises(training.CheckpointWriteError, match=r"failed: RuntimeError: Fetching value .* \(none was "
                                                             r"written yet\); fix that and run the same command"):
         _small_fit(model, tmp_path / "backup")
+
+
+def test_a_failure_on_process_0_stops_every_process(tmp_path, monkeypatch):
+    """In a multi-process run only process 0 takes the lock and writes: its
+    refusal or failed write left the others in JAX's collectives until they
+    timed out (5 minutes, then a fatal error), and a backup directory that
+    only process 0 saw failed in device_put. Here as process 1, with what
+    `distribute.all_processes` gathers scripted (a real allgather with 2
+    processes is tests/test_distribute.py's)."""
+    def gathered(*answers):  # what each call returns, [process 0, process 1]
+        script = list(answers)
+        return lambda value: script.pop(0)
+
+    monkeypatch.setattr(distribute, "process_index", lambda: 1)
+    monkeypatch.setattr(distribute, "all_processes", gathered([1, 0]))
+    with pytest.raises(RuntimeError, match=r"^Process 0 could not take the backup directory .*stops with it"):
+        _small_fit(_small_model(), tmp_path / "lock")
+    monkeypatch.setattr(distribute, "all_processes", gathered([0, 0], [-1, -1], [1, 0]))
+    with pytest.raises(training.CheckpointWriteError, match=r"^Process 0 could not write the checkpoint of step 1"):
+        _small_fit(_small_model(), tmp_path / "write")
+    monkeypatch.setattr(distribute, "all_processes", gathered([0, 0], [3, -1]))
+    with pytest.raises(ValueError, match=r"different checkpoints in .* \(process 0: step 3, process 1: none\): "
+                                         r"`backup_dir` must be on a file system every process sees"):
+        _small_fit(_small_model(), tmp_path / "unshared")
+    assert not os.path.exists(tmp_path / "unshared") or "checkpoint.json" not in os.listdir(tmp_path / "unshared")
 
 
 def _other_backend_checkpoint(small_checkpoint, tmp_path, backend):
