@@ -6,6 +6,7 @@ import numbers
 import keras
 
 from keras_vit import distribute
+from keras_vit.layers.utils import positive_int
 
 
 def _head(model):
@@ -36,8 +37,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         A new functional model that shares every other layer (and its
         weights) with `model`; its head is zero kernel, constant bias.
     """
-    if not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes <= 0:
-        raise ValueError(f"`num_classes` must be a positive int. Received: num_classes={num_classes!r}")
+    num_classes = positive_int(num_classes, "num_classes")
     if not isinstance(keep_pre_logits, bool):
         raise ValueError(
             f"`keep_pre_logits` must be a bool. Received: keep_pre_logits={keep_pre_logits!r}"

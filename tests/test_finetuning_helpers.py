@@ -61,7 +61,7 @@ def test_reset_head_after_fc_norm_or_attention_pooling(kind):
 
 def test_reset_head_on_a_pooled_backbone_and_errors():
     backbone = tiny(include_top=False, pooling="gap", classifier="gap")
-    new = keras_vit.reset_head(backbone, 7)
+    new = keras_vit.reset_head(backbone, np.int64(7))  # a class count from numpy is an int too
     assert new.output.shape == (None, 7) and new.get_layer("head").input is backbone.output
     with pytest.raises(ValueError, match=r"Received: model 'vit' with output shape \(None, 5, 8\)"):
         keras_vit.reset_head(tiny(include_top=False), 7)

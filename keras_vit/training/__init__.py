@@ -4,7 +4,7 @@ optimizer updates. See `docs/training.md`."""
 
 from keras_vit.training.callbacks import BackupAndResume
 from keras_vit.training.callbacks import CheckpointWriteError
-from keras_vit.training.metrics import ExampleCount, padded_batch_metrics
+from keras_vit.training.metrics import ExampleCount, LossMean, padded_batch_metrics
 from keras_vit.training.losses import (
     SIGMOID_HEAD_BIAS_INIT,
     SigmoidCrossEntropy,
@@ -26,6 +26,7 @@ __all__ = [
     "CheckpointWriteError",
     "DecoupledAdam",
     "ExampleCount",
+    "LossMean",
     "MomentumSGD",
     "SIGMOID_HEAD_BIAS_INIT",
     "SigmoidCrossEntropy",

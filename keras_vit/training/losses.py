@@ -13,6 +13,23 @@ from keras_vit.layers.utils import check_rate
 SIGMOID_HEAD_BIAS_INIT = {"imagenet21k": -10.0, "imagenet2012": -6.9}
 
 
+def _check_labels(loss, y_true, logits, sparse):
+    """Labels that would broadcast against the logits are refused (static
+    shapes, what a traced step knows): `(B, 1)` class indices against
+    `(B, C)` logits trained on `-y * sum(log_softmax)`, silently."""
+    labels, shape = tuple(y_true.shape), tuple(logits.shape)
+    if sparse:
+        fits = len(labels) == len(shape) - 1 or (len(labels) == len(shape) and labels[-1] in (1, None))
+        hint = "class indices (B,) or (B, 1); one-hot labels need sparse=False"
+    else:
+        fits = len(labels) == len(shape) and (None in (labels[-1], shape[-1]) or labels[-1] == shape[-1])
+        hint = "one-hot or multi-hot labels (B, classes)" + (
+            "; class indices need sparse=True" if isinstance(loss, SoftmaxCrossEntropy) else "")
+    if not fits:
+        raise ValueError(f"{type(loss).__name__}: labels of shape {labels} do not fit logits of shape {shape} "
+                         f"({hint}). Received: labels of shape {labels}")
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class SoftmaxCrossEntropy(keras.losses.Loss):
     """Softmax cross-entropy on logits: the fine-tuning loss of the paper.
@@ -48,6 +65,7 @@ class SoftmaxCrossEntropy(keras.losses.Loss):
     def call(self, y_true, y_pred):
         logits = ops.cast(y_pred, "float32")
         num_classes = logits.shape[-1]
+        _check_labels(self, y_true, logits, self.sparse)
         if self.sparse:
             labels = ops.cast(ops.reshape(y_true, ops.shape(logits)[:-1]), "int32")
             labels = ops.one_hot(labels, num_classes, dtype="float32")
@@ -96,6 +114,7 @@ class SigmoidCrossEntropy(keras.losses.Loss):
 
     def call(self, y_true, y_pred):
         logits = ops.cast(y_pred, "float32")
+        _check_labels(self, y_true, logits, sparse=False)
         labels = ops.cast(y_true, "float32")
         if self.label_smoothing:
             labels = labels * (1.0 - self.label_smoothing) + 0.5 * self.label_smoothing

@@ -49,7 +49,7 @@ class UpdateProgress(keras.callbacks.Callback):
         self.accumulation_steps, self.verbose = accumulation_steps, verbose
         self.eval_label, self.hidden_metrics = eval_label, tuple(hidden_metrics)
         self._bar = self._eval_bar = None
-        self._eval_batches = 0
+        self._eval_batches = self._updates_shown = 0
 
     def _shown(self, logs):
         return [(k, float(v)) for k, v in (logs or {}).items() if k.removeprefix("val_") not in self.hidden_metrics]
@@ -63,14 +63,17 @@ class UpdateProgress(keras.callbacks.Callback):
         print(prefix + ", ".join(f"{k} {v:.4f}" for k, v in self._shown(logs)), flush=True)
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._updates_shown = 0
         if self.verbose == 1:
             first = epoch * self.updates_per_epoch
             print(f"Updates {first + 1}-{first + self.updates_per_epoch} of {self.total_updates}", flush=True)
             self._bar = keras.utils.Progbar(self.updates_per_epoch, unit_name="update")
 
     def on_train_batch_end(self, batch, logs=None):
-        if self._bar is not None and (batch + 1) % self.accumulation_steps == 0:
-            self._update(self._bar, (batch + 1) // self.accumulation_steps, logs)
+        updates = _batches_done(self, batch) // self.accumulation_steps
+        if self._bar is not None and updates != self._updates_shown:
+            self._updates_shown = updates
+            self._update(self._bar, updates, logs)
 
     def on_epoch_end(self, epoch, logs=None):
         self._bar = None
@@ -95,40 +98,48 @@ class UpdateProgress(keras.callbacks.Callback):
             self._line(f"evaluation on {self.eval_label}: ", logs)
 
 
+def _batches_done(callback, batch):
+    """The epoch's batches done at the end of batch `batch`. Counted by
+    `batch`, the index of the call's last batch: with steps_per_execution > 1
+    one call covers several. Keras reports a whole execution for the last,
+    partial one (batch 7 of an epoch of 6 at 4 per call): capped at the
+    epoch's steps."""
+    steps = callback.params.get("steps") if callback.params else None
+    return min(batch + 1, steps) if steps else batch + 1
+
+
 class ThroughputTimer(keras.callbacks.Callback):
     """Times `fit`'s training batches after the first `skip` (compilation
-    and warm-up), across epochs.
+    and warm-up), across epochs: the time from each epoch's start to its
+    last training batch, so validation and what runs at epoch ends
+    (checkpoints) do not count.
 
     Args:
         skip: int, batches (micro-batches under accumulation) left untimed
             at the start. Defaults to 2.
 
     `images_per_second(batch_size)` is then the rate over the timed batches
-    (None before two batches after `skip` have ended).
+    (None before a batch after `skip` has ended).
     """
 
     def __init__(self, skip=2):
         super().__init__()
         positive_int(skip, "skip")
         self.skip, self.batches, self.timed_batches, self.elapsed = skip, 0, 0, 0.0
-        self._start = self._started_at = None
-        self._in_epoch = 0
+        self._in_epoch, self._last = 0, None
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._in_epoch = 0
+        self._in_epoch, self._last = 0, time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        # Counted by `batch`, the index of the call's last batch: with
-        # steps_per_execution > 1 one call covers several (counting calls
-        # reported a rate that many times too low).
-        self.batches += batch + 1 - self._in_epoch
-        self._in_epoch = batch + 1
         now = time.perf_counter()
-        if self._start is None:
-            if self.batches >= self.skip:
-                self._start, self._started_at = now, self.batches
-        else:
-            self.timed_batches, self.elapsed = self.batches - self._started_at, now - self._start
+        done = _batches_done(self, batch)
+        new, self._in_epoch = done - self._in_epoch, done
+        if self.batches >= self.skip:
+            self.timed_batches += new
+            self.elapsed += now - self._last
+        self.batches += new
+        self._last = now
 
     def images_per_second(self, batch_size):
         """Images per second over the timed batches, `batch_size` images

@@ -75,6 +75,38 @@ def test_throughput_times_the_batches_after_the_first_ones(monkeypatch):
     assert (timer.batches, timer.timed_batches, timer.elapsed) == (12, 10, 2.5)
 
 
+def test_throughput_leaves_out_validation_and_phantom_batches(monkeypatch):
+    """An epoch of 5 batches at 2 per call: Keras reports batch 5 for the
+    last, partial call (6 counted: a rate a fifth too high, two thirds at
+    5 per call); the time between an epoch's last batch and the next epoch
+    (validation, checkpoints at epoch ends) was counted too (the recipes'
+    images per second fell with `eval_every`)."""
+    readings = np.arange(100.0) * 0.5
+    clock = iter(readings)
+    monkeypatch.setattr(progress_module.time, "perf_counter", lambda: next(clock))
+    timer = training.ThroughputTimer(skip=2)
+    timer.set_params({"steps": 5, "epochs": 2})
+    for epoch in range(2):
+        timer.on_epoch_begin(epoch)
+        for batch in (1, 3, 5):
+            timer.on_train_batch_end(batch)
+        for _ in range(10):  # 5 s of validation
+            next(clock)
+    assert (timer.batches, timer.timed_batches, timer.elapsed) == (10, 8, 2.5)
+
+
+def test_the_bar_never_passes_the_epochs_updates(capsys):
+    """With steps_per_execution, Keras reports the last, partial call as a
+    whole one: the bar showed 4/3 updates."""
+    progress = training.UpdateProgress(6, 3, accumulation_steps=2, verbose=1)
+    progress.set_params({"steps": 6, "epochs": 2})
+    progress.on_epoch_begin(0)
+    for batch in (3, 7):  # 4 micro-batches per call
+        progress.on_train_batch_end(batch, {"loss": 1.0})
+    out = capsys.readouterr().out
+    assert "3/3" in out and "4/3" not in out
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(total_updates=0, updates_per_epoch=1), "total_updates=0"),
     (dict(total_updates=4, updates_per_epoch=2.0), "updates_per_epoch=2.0"),
