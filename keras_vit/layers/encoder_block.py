@@ -86,12 +86,15 @@ class MlpBlock(keras.layers.Layer):
     def call(self, inputs, training=None):
         # `training` reaches the dropout through Keras' call context; passing
         # it on explicitly sends every sub-layer call down Keras' slower
-        # argument-conversion path (measurable in eager PyTorch).
+        # argument-conversion path (measurable in eager PyTorch), so only
+        # where it matters: a call without that context (`stateless_call`,
+        # `call`) otherwise ran the dropout as at inference.
+        given = {"training": training} if training is not None and self.dropout_rate else {}
         x = self.dense_0(inputs)
         x = gelu(x, self.gelu)
-        x = self.dropout(x)
+        x = self.dropout(x, **given)
         x = self.dense_1(x)
-        return self.dropout(x)
+        return self.dropout(x, **given)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -171,7 +174,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
             1e-5 to 1e-6): `x + gamma * branch`.
         qk_norm: bool. LayerNorm on each head's queries and keys
             (`QKNormAttention`). Defaults to False.
-        seed: optional int for the stochastic-depth noise.
+        seed: optional int for the stochastic-depth noise and the attention
+            probabilities' dropout (the other dropouts draw from Keras'
+            global seed: `keras.utils.set_random_seed`).
         remat: bool. Gradient checkpointing (`keras.remat`): the block's
             activations are recomputed in the backward pass instead of kept,
             so training memory grows with one block's activations instead of
@@ -283,8 +288,10 @@ class TransformerEncoderBlock(keras.layers.Layer):
             return branch
         keep = 1.0 - self.drop_path_rate
         shape = (ops.shape(branch)[0],) + (1,) * (len(branch.shape) - 1)
-        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype=branch.dtype)
-        return branch * ops.floor(keep + noise) / keep
+        # The draw in float32: in bfloat16 (multiples of 1/128, `keep`
+        # rounded) a rate of 0.003 dropped 0.008 of the paths.
+        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype="float32")
+        return branch * ops.cast(ops.floor(keep + noise) / keep, branch.dtype)
 
     def _attend(self, y, return_attention_scores, given=None):
         # Sub-layers get `training` from Keras' call context (see MlpBlock).
@@ -347,9 +354,11 @@ class TransformerEncoderBlock(keras.layers.Layer):
         return y
 
     def _forward(self, inputs, training, return_attention_scores, explicit_training=False):
-        # A recomputation runs outside the call that set Keras' call context:
-        # the sub-layers with dropout then need `training` given explicitly.
-        given = {"training": training} if explicit_training else {}
+        # A recomputation, like `stateless_call` or `call`, runs outside the
+        # call that set Keras' call context: the sub-layers with dropout then
+        # need `training` given explicitly (see MlpBlock.call for the price).
+        dropout = self.dropout_rate or self.attention_dropout_rate
+        given = {"training": training} if explicit_training or (training is not None and dropout) else {}
         y = self.layer_norm_0(inputs)
         attended = self._attend(y, return_attention_scores, given)
         if return_attention_scores:
@@ -364,6 +373,14 @@ class TransformerEncoderBlock(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, inputs, training=None, return_attention_scores=False):
+        # With scores, two outputs: a functional model unpacks them.
+        outputs = keras.KerasTensor(inputs.shape, dtype=self.compute_dtype)
+        if not return_attention_scores:
+            return outputs
+        batch, tokens = inputs.shape[0], inputs.shape[1]
+        return outputs, keras.KerasTensor((batch, self.num_heads, tokens, tokens), dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()

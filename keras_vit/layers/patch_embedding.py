@@ -180,9 +180,13 @@ class ImageSizeCheck(keras.layers.Layer):
     """
 
     def __init__(self, stride, image_size=None, **kwargs):
+        # It passes the images on as they are: no rounding to a mixed
+        # policy's compute dtype before `PreprocessInput`'s float32 scaling.
+        kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
         self.stride = normalize_pair(stride, "stride")
-        sides = (None, None) if image_size is None else tuple(image_size)
+        sides = (None, None) if image_size is None else tuple(image_size) if isinstance(
+            image_size, (tuple, list)) else (image_size, image_size)
         if len(sides) != 2 or not all(s is None or (is_int(s) and s > 0) for s in sides):
             raise ValueError("`image_size` must be None or (height, width), each a positive int or None. "
                              f"Received: image_size={image_size!r}")

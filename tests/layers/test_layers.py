@@ -260,3 +260,55 @@ def test_torch_compile_traces_an_encoder_block_once():
     graphs = counters["stats"]["unique_graphs"]
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(forward(x)), first)
     assert counters["stats"]["unique_graphs"] == graphs  # the second call compiled nothing
+
+
+def test_dropout_applies_in_calls_without_keras_call_context():
+    """`stateless_call(..., training=True)` and `call(x, training=True)` of
+    a block ran its dropout as at inference (the sub-layers read `training`
+    from Keras' call context, which only `__call__` sets): a custom JAX
+    loop trained without dropout, and remat disagreed with no remat."""
+    x = keras.ops.convert_to_tensor(np.random.default_rng(0).normal(size=(2, 5, 8)).astype("float32"))
+    for layer in (layers.TransformerEncoderBlock(2, 16, dropout_rate=0.5, attention_dropout_rate=0.5, seed=1),
+                  layers.MlpBlock(16, dropout_rate=0.5)):
+        inference = keras.ops.convert_to_numpy(layer(x))
+        trained = keras.ops.convert_to_numpy(layer.call(x, training=True))
+        stateless, _ = layer.stateless_call(layer.trainable_variables, layer.non_trainable_variables, x,
+                                            training=True)
+        assert np.abs(trained - inference).max() > 1e-2, layer.name
+        assert np.abs(keras.ops.convert_to_numpy(stateless) - inference).max() > 1e-2, layer.name
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer.call(x, training=False)), inference)
+
+
+def test_a_functional_block_returns_its_scores():
+    """`block(x, return_attention_scores=True)` on a Keras tensor gave one
+    output (unpacking it failed; used whole, the scores were dropped)."""
+    inputs = keras.Input((5, 8))
+    outputs, scores = layers.TransformerEncoderBlock(2, 16)(inputs, return_attention_scores=True)
+    model = keras.Model(inputs, [outputs, scores])
+    got = model.predict(np.ones((3, 5, 8), "float32"), verbose=0)
+    assert [tuple(g.shape) for g in got] == [(3, 5, 8), (3, 2, 5, 5)]
+    np.testing.assert_allclose(got[1].sum(-1), 1.0, rtol=1e-5)
+
+
+def test_drop_path_rate_is_exact_under_bfloat16():
+    """The draw was in bfloat16 (multiples of 1/128 on JAX, `keep`
+    rounded): a rate of 0.003 dropped 0.008 of the paths."""
+    block = layers.TransformerEncoderBlock(2, 16, drop_path_rate=0.003, seed=0, dtype="mixed_bfloat16")
+    branch = keras.ops.ones((40_000, 1, 1), dtype="bfloat16")
+    dropped = float(keras.ops.mean(keras.ops.cast(block._drop_path(branch, True) == 0, "float32")))
+    assert 0.002 < dropped < 0.004, dropped  # 120 of 40,000 expected, sd 11
+
+
+def test_pixels_are_scaled_before_any_rounding_under_mixed_precision():
+    """`ImageSizeCheck` autocast float pixels to bfloat16 before the float32
+    `PreprocessInput`: 200.3 became 200.0."""
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        model = keras_vit.ViT(None, hidden_size=8, mlp_dim=8, num_heads=2, num_layers=1, patch_size=8,
+                              input_shape=(8, 8, 3), include_preprocessing=True, pixel_mean=(0.5,) * 3,
+                              pixel_std=(0.5,) * 3)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    scaled = keras.Model(model.inputs[0], model.get_layer("preprocess_input").output)
+    got = keras.ops.convert_to_numpy(scaled(np.full((1, 8, 8, 3), 200.3, "float32")))
+    np.testing.assert_allclose(got, (np.float32(200.3) / 255 - 0.5) / 0.5, rtol=1e-6)
