@@ -4,7 +4,8 @@ import keras
 from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, MlpBlock, check_gelu
-from keras_vit.layers.utils import freeze_sublayers_if_frozen, is_int
+from keras_vit.layers.pooling import check_prefix_tokens
+from keras_vit.layers.utils import freeze_sublayers_if_frozen, non_negative_int, positive_int
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -29,15 +30,14 @@ class AttentionPooling(keras.layers.Layer):
     def __init__(self, num_heads, mlp_dim, gelu="tanh", layer_norm_epsilon=LAYER_NORM_EPSILON, num_prefix_tokens=0,
                  **kwargs):
         super().__init__(**kwargs)
-        if not is_int(num_prefix_tokens) or num_prefix_tokens < 0:
-            raise ValueError(f"`num_prefix_tokens` must be an int >= 0. Received: num_prefix_tokens={num_prefix_tokens!r}")
-        self.num_prefix_tokens = int(num_prefix_tokens)
-        self.num_heads = num_heads
-        self.mlp_dim = mlp_dim
+        self.num_prefix_tokens = non_negative_int(num_prefix_tokens, "num_prefix_tokens")
+        self.num_heads = positive_int(num_heads, "num_heads")
+        self.mlp_dim = positive_int(mlp_dim, "mlp_dim")
         self.gelu = check_gelu(gelu)
         self.layer_norm_epsilon = layer_norm_epsilon
 
     def build(self, input_shape):
+        check_prefix_tokens(self, input_shape)
         hidden_size = input_shape[-1]
         if hidden_size % self.num_heads:
             raise ValueError(

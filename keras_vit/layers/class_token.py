@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_vit.layers.utils import positive_int
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class ClassToken(keras.layers.Layer):
@@ -26,9 +28,7 @@ class ClassToken(keras.layers.Layer):
     def __init__(self, initializer="zeros", num_tokens=1, **kwargs):
         super().__init__(**kwargs)
         self.initializer = keras.initializers.get(initializer)
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens <= 0:
-            raise ValueError(f"`num_tokens` must be a positive int. Received: num_tokens={num_tokens!r}")
-        self.num_tokens = num_tokens
+        self.num_tokens = positive_int(num_tokens, "num_tokens")
 
     def build(self, input_shape):
         self.cls = self.add_weight(

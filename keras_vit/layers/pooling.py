@@ -3,7 +3,17 @@
 import keras
 from keras import ops
 
+from keras_vit.layers.utils import non_negative_int
+
 POOLING_METHODS = ("token", "gap")
+
+def check_prefix_tokens(layer, input_shape):
+    """`num_prefix_tokens` must leave tokens to pool (all of them: a mean of
+    none was NaN)."""
+    tokens = input_shape[1]
+    if tokens is not None and layer.num_prefix_tokens >= tokens:
+        raise ValueError(f"`num_prefix_tokens` must be below the {tokens} tokens of the input. "
+                         f"Received: num_prefix_tokens={layer.num_prefix_tokens}")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -28,7 +38,11 @@ class SequencePooling(keras.layers.Layer):
                 f"`method` must be one of {POOLING_METHODS}. Received: method={method!r}"
             )
         self.method = method
-        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.num_prefix_tokens = non_negative_int(num_prefix_tokens, "num_prefix_tokens")
+
+    def build(self, input_shape):
+        if self.method == "gap":
+            check_prefix_tokens(self, input_shape)
 
     def call(self, tokens):
         if self.method == "token":

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_vit.layers.utils import patch_grid
+from keras_vit.layers.utils import non_negative_int, normalize_pair, patch_grid
 
 # "linear": the original's; "bicubic": PyTorch's bicubic; "bicubic_antialias":
 # PyTorch's with `antialias=True`, what timm resamples checkpoints with.
@@ -65,9 +65,9 @@ class AddPositionEmbedding(keras.layers.Layer):
             raise ValueError(
                 f"`interpolation` must be one of {INTERPOLATIONS}. Received: interpolation={interpolation!r}"
             )
-        self.grid = None if grid is None else tuple(int(g) for g in grid)
-        self.stride = None if stride is None else tuple(int(s) for s in stride)
-        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.grid = None if grid is None else normalize_pair(grid, "grid")
+        self.stride = None if stride is None else normalize_pair(stride, "stride")
+        self.num_prefix_tokens = non_negative_int(num_prefix_tokens, "num_prefix_tokens")
         self.interpolation = interpolation
 
     def build(self, input_shape):

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.utils import is_real, normalize_pair
+from keras_vit.layers.utils import is_real, normalize_pair, positive_int
 
 # The original adds 1e-5 to the standard deviation (not to the variance)
 # (google-research/vision_transformer, `models_resnet.py`, weight_standardize).
@@ -54,10 +54,7 @@ class StdConv2D(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        if not isinstance(filters, int) or isinstance(filters, bool) or filters <= 0:
-            raise ValueError(
-                f"`filters` must be a positive int. Received: filters={filters!r}"
-            )
+        filters = positive_int(filters, "filters")
         if not is_real(epsilon) or epsilon < 0:
             raise ValueError(
                 f"`epsilon` must be a non-negative float. Received: epsilon={epsilon!r}"

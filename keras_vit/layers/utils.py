@@ -27,6 +27,13 @@ def positive_int(value, name):
     return int(value)
 
 
+def non_negative_int(value, name):
+    """`value` as a Python int, refused unless an integer >= 0."""
+    if not is_int(value) or value < 0:
+        raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
+    return int(value)
+
+
 def normalize_pair(value, name):
     """Returns `value` as a tuple of two positive ints (an int is repeated)."""
     if is_int(value):

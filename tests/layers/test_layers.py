@@ -312,3 +312,25 @@ def test_pixels_are_scaled_before_any_rounding_under_mixed_precision():
     scaled = keras.Model(model.inputs[0], model.get_layer("preprocess_input").output)
     got = keras.ops.convert_to_numpy(scaled(np.full((1, 8, 8, 3), 200.3, "float32")))
     np.testing.assert_allclose(got, (np.float32(200.3) / 255 - 0.5) / 0.5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("build, match", [
+    # A mean of no tokens was NaN; a negative count pooled the last token alone.
+    (lambda: layers.SequencePooling("gap", num_prefix_tokens=5)(np.ones((1, 5, 4), "float32")),
+     r"below the 5 tokens.*num_prefix_tokens=5"),
+    (lambda: layers.SequencePooling("gap", num_prefix_tokens=-1), "num_prefix_tokens=-1"),
+    (lambda: layers.AttentionPooling(2, 8, num_prefix_tokens=5)(np.ones((1, 5, 4), "float32")),
+     r"below the 5 tokens"),
+    (lambda: layers.AttentionPooling(0, 8), "num_heads=0"),  # a ZeroDivisionError before
+    (lambda: layers.AddPositionEmbedding(grid=(2.5, 2), stride=4), r"grid=\(2.5, 2\)"),  # became (2, 2)
+    (lambda: layers.AddPositionEmbedding(grid=(2, 2), stride=(0, 4)), r"stride=\(0, 4\)"),
+])
+def test_layer_arguments_are_checked(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_layer_sizes_from_numpy_are_ints():
+    assert layers.ClassToken(num_tokens=np.int64(2)).num_tokens == 2
+    assert layers.StdConv2D(np.int64(4), 3).filters == 4
+    assert layers.AddPositionEmbedding(grid=2, stride=np.int64(4)).stride == (4, 4)
