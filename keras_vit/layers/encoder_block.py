@@ -133,6 +133,10 @@ class QKNormAttention(keras.layers.MultiHeadAttention):
             epsilon=self.qk_norm_epsilon, name="key_norm", dtype=self.dtype_policy)
         self.query_norm.build(head_shape)
         self.key_norm.build(head_shape)
+        # Keras builds MultiHeadAttention's projections trainable even in a
+        # frozen layer (a frozen block passes its state on itself).
+        freeze_sublayers_if_frozen(self, (self.query_dense, self.key_dense, self.value_dense, self.output_dense,
+                                          self.query_norm, self.key_norm))
 
     def _compute_attention(self, query, key, value, *args, **kwargs):
         return super()._compute_attention(self.query_norm(query), self.key_norm(key), value, *args, **kwargs)

@@ -334,3 +334,13 @@ def test_layer_sizes_from_numpy_are_ints():
     assert layers.ClassToken(num_tokens=np.int64(2)).num_tokens == 2
     assert layers.StdConv2D(np.int64(4), 3).filters == 4
     assert layers.AddPositionEmbedding(grid=2, stride=np.int64(4)).stride == (4, 4)
+
+
+def test_a_frozen_qk_norm_attention_trains_nothing():
+    """Used on its own, a frozen `QKNormAttention` trained all its 12
+    weights (Keras builds the projections trainable; the block passed its
+    state on, the exported layer did not)."""
+    inputs = keras.Input((5, 8))
+    attention = layers.QKNormAttention(num_heads=2, key_dim=4, trainable=False)
+    model = keras.Model(inputs, attention(inputs, inputs))
+    assert model.trainable_weights == [] and len(model.weights) == 12
