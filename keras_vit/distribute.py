@@ -34,6 +34,7 @@ under the matching Keras backend.
 import contextlib
 import json
 import os
+import sys
 import warnings
 
 import keras
@@ -539,8 +540,6 @@ def _start_multi_host(mode):
     """`keras.distribution.initialize()` (jax.distributed and one random
     seed for every process), or, where JAX's distributed system is already
     up, the seed alone."""
-    import sys
-
     import jax
 
     if mode == "model_parallel":

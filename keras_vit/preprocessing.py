@@ -66,11 +66,11 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
     """
     pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
     if pixel_mean is not None:
-        channels = getattr(images, "shape", np.shape(images))[-1]
-        if channels is not None and channels != 3:
+        shape = tuple(images.shape) if hasattr(images, "shape") else np.shape(images)
+        if shape[-1] is not None and shape[-1] != 3:
             raise ValueError(
                 "`pixel_mean` and `pixel_std` hold 3 per-channel values; the images have "
-                f"{channels} channels. Received: images of shape {tuple(getattr(images, 'shape', np.shape(images)))}"
+                f"{shape[-1]} channels. Received: images of shape {shape}"
             )
         mean = np.asarray(pixel_mean, np.float32)
         std = np.asarray(pixel_std, np.float32)

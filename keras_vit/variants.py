@@ -114,6 +114,12 @@ AUGREG_NAMES = {augreg_name(name): name for name in VARIANTS if _paper_architect
 CONSTRUCTORS = {constructor_name(name): name for name in VARIANTS if _paper_architecture(name)}
 
 
+def short_name(name):
+    """An AugReg name from its big_vision spelling ("R26+S/32" -> "R26_S_32");
+    other names unchanged."""
+    return name.replace("/", "_").replace("+", "_")
+
+
 def resolve_variant(name):
     """Returns `(config_name, fields)` for an original, constructor or AugReg name.
 
@@ -127,7 +133,7 @@ def resolve_variant(name):
     if name in VARIANTS or name in CONSTRUCTORS:
         config_name = CONSTRUCTORS.get(name, name)
         return config_name, dict(VARIANTS[config_name])
-    short = re.sub(r"^([A-Za-z0-9+]*?)/(\d+)$", r"\1_\2", name).replace("+", "_")
+    short = short_name(name)
     if short in AUGREG_NAMES:
         config_name = AUGREG_NAMES[short]
         return config_name, {**VARIANTS[config_name], "dropout_rate": 0.0}

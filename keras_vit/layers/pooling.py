@@ -7,6 +7,7 @@ from keras_vit.layers.utils import non_negative_int
 
 POOLING_METHODS = ("token", "gap")
 
+
 def check_prefix_tokens(layer, input_shape):
     """`num_prefix_tokens` must leave tokens to pool (all of them: a mean of
     none was NaN)."""

@@ -51,7 +51,7 @@ def list_models(pattern=None):
     if pattern is not None and not isinstance(pattern, str):
         raise ValueError(f"`pattern` must be None or a string. Received: pattern={pattern!r}")
     if pattern is not None:
-        patterns = {pattern.lower(), pattern.lower().replace("/", "_").replace("+", "_")}
+        patterns = {pattern.lower(), variants.short_name(pattern.lower())}
     constructors = {config: function for function, config in variants.CONSTRUCTORS.items()}
     augreg = {config: short for short, config in variants.AUGREG_NAMES.items()}
     found = []
