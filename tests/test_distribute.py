@@ -579,6 +579,17 @@ def _tf_child():
         mpp.compile(optimizer=training.MomentumSGD(0.0))
         report["mpp_loss"] = mpp.evaluate(x, batch_size=8, verbose=0, return_dict=True)["loss"]
 
+    # Its corruption: each replica its own rows of one draw for the global
+    # batch, as one device (every replica drew the same pattern).
+    def corruption(scope):
+        with scope.scope():
+            backbone = keras_vit.ViT(None, include_top=False, **{k: v for k, v in TINY.items() if k != "num_classes"})
+            return MaskedPatchPrediction(backbone, seed=2).predict(x[:16], batch_size=8, verbose=0)["corruption"]
+
+    kinds = corruption(setup)
+    report["mpp_halves_differ"] = bool((kinds[:4] != kinds[4:8]).any() and (kinds[8:12] != kinds[12:]).any())
+    report["mpp_kinds_as_one_device"] = bool((kinds == corruption(none)).all())
+
     # A TPU name that does not answer: the error says so in one line.
     try:
         distribute.get_distribution("tpu", tpu="local")
@@ -607,6 +618,7 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
     assert "No TPU" in report["tpu"] and "tpu='local'" in report["tpu"]
     assert report["resume_error"] == 0.0
     assert report["mpp_loss"] == pytest.approx(np.log(512), rel=1e-5)
+    assert report["mpp_halves_differ"] and report["mpp_kinds_as_one_device"]
 
 
 # --------------------------------------------------------------------------

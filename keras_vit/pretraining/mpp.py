@@ -261,12 +261,24 @@ class PatchCorruption(keras.layers.Layer):
         num = tokens.shape[1]
         batch = ops.shape(tokens)[0]
         count = self.num_corrupted(num)
+        # Under tf.distribute every replica holds the same seed state: the
+        # draws are made for the global batch and each replica takes its
+        # rows, so that replicas corrupt differently (and as one device
+        # would the global batch). JAX's data parallelism draws globally.
+        context = tf_replica_context()
+        replicas, replica = (1, 0) if context is None else (
+            context.num_replicas_in_sync, context.replica_id_in_sync_group)
+
+        def draw(sample, *args, **kwargs):
+            values = sample((replicas * batch, num), *args, seed=self.seed_generator, **kwargs)
+            return values if context is None else ops.slice(values, (replica * batch, 0), (batch, num))
+
         # Exactly `count` corrupted patches per image: the ranks of uniform
         # scores below `count`.
-        scores = keras.random.uniform((batch, num), seed=self.seed_generator)
+        scores = draw(keras.random.uniform)
         ranks = ops.argsort(ops.argsort(scores, axis=-1), axis=-1)
         corrupted = ranks < count
-        u = keras.random.uniform((batch, num), seed=self.seed_generator)
+        u = draw(keras.random.uniform)
         kind = ops.where(
             u < self.mask_fraction,
             MASKED,
@@ -277,9 +289,7 @@ class PatchCorruption(keras.layers.Layer):
         if self.random_fraction > 0:
             # Another position of the same image: i + offset (mod N), offset
             # uniform in [1, N).
-            offset = keras.random.randint(
-                (batch, num), 1, num, dtype="int32", seed=self.seed_generator
-            )
+            offset = draw(keras.random.randint, 1, num, dtype="int32")
             source = (ops.arange(num, dtype="int32")[None] + offset) % num
             picks = ops.one_hot(source, num, dtype=tokens.dtype)
             others = ops.einsum("bij,bjd->bid", picks, tokens)
@@ -312,14 +322,20 @@ def corrupted_encoder(backbone, corruption):
     """The backbone's graph with `corruption` called after its `embedding`.
 
     Returns a functional model sharing every layer (so every weight) with
-    `backbone`, whose outputs are the backbone's output and the corruption
-    kinds. The hook after the patch embedding is the only change: the class
-    token, position embedding, dropout, blocks and norm run as the builder
-    wired them.
+    `backbone`, whose outputs are the backbone's output, the corruption
+    kinds and the images as the patch embedding sees them, in [-1, 1] (the
+    targets' pixels: after whatever the backbone does to its input first,
+    a crop, a resize or its `preprocess_input`). The hook after the patch
+    embedding is the only change: the class token, position embedding,
+    dropout, blocks and norm run as the builder wired them.
     """
-    kinds = []
+    kinds, seen = [], []
 
     def call(layer, *args, **kwargs):
+        if layer.name == "preprocess_input" and not seen:
+            seen.append(ops.cast(args[0], "float32") / 127.5 - 1.0)  # its input: pixels in [0, 255]
+        elif layer.name == "embedding" and not seen:
+            seen.append(args[0])
         out = layer(*args, **kwargs)
         if layer.name == "embedding":
             out, kind = corruption(out)
@@ -329,7 +345,7 @@ def corrupted_encoder(backbone, corruption):
     clone = keras.models.clone_model(
         backbone, clone_function=lambda layer: layer, call_function=call
     )
-    return keras.Model(clone.inputs[0], [clone.outputs[0], kinds[0]], name=f"{backbone.name}_corrupted")
+    return keras.Model(clone.inputs[0], [clone.outputs[0], kinds[0], seen[0]], name=f"{backbone.name}_corrupted")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -415,6 +431,12 @@ class MaskedPatchPrediction(keras.Model):
                 f"Received: backbone={backbone.name!r} (hybrid={parts.hybrid}, "
                 f"{parts.channels} input channels)"
             )
+        if parts.dynamic:
+            raise ValueError(
+                "Masked patch prediction needs a backbone of fixed image size (it corrupts a fixed "
+                f"number of patches): build it with `input_shape=(height, width, 3)`. Received: "
+                f"backbone={backbone.name!r}, a dynamic-size model"
+            )
         self.patch_size = parts.patch_size
         self.image_shape = (*parts.image_size, parts.channels)
         self.num_patches = parts.num_patches
@@ -439,16 +461,19 @@ class MaskedPatchPrediction(keras.Model):
         else:
             outputs = self.patch_size[0] * self.patch_size[1] * 3
         self.transform = self.transform_norm = None
+        # The head computes in float32 under mixed precision, as the
+        # classifier's does (`keras_vit.ViT`).
         if head_hidden_size is not None:
             self.transform = keras.layers.Dense(
-                head_hidden_size, kernel_initializer="glorot_uniform", name="mpp_transform"
+                head_hidden_size, kernel_initializer="glorot_uniform", dtype="float32", name="mpp_transform"
             )
             self.transform_norm = keras.layers.LayerNormalization(
-                epsilon=LAYER_NORM_EPSILON, name="mpp_transform_norm"
+                epsilon=LAYER_NORM_EPSILON, dtype="float32", name="mpp_transform_norm"
             )
         # Zero-initialised like the classification head of the original.
-        self.head = keras.layers.Dense(outputs, kernel_initializer="zeros", name="mpp_head")
-        self.accuracy_tracker = keras.metrics.Mean(name="accuracy")
+        self.head = keras.layers.Dense(outputs, kernel_initializer="zeros", dtype="float32", name="mpp_head")
+        # Accuracy for the classification targets (`"pixels"` has none).
+        self.accuracy_tracker = None if target == "pixels" else keras.metrics.Mean(name="accuracy")
         self.build((None, *self.image_shape))
 
     def build(self, input_shape):
@@ -462,7 +487,7 @@ class MaskedPatchPrediction(keras.Model):
         self.built = True
 
     def call(self, images, training=None):
-        x, kind = self.encoder(images, training=training)
+        x, kind, seen = self.encoder(images, training=training)
         # Predictions come from the patch tokens only, never the class token.
         x = x[:, self._num_prefix_tokens:]
         if self.transform is not None:
@@ -472,7 +497,7 @@ class MaskedPatchPrediction(keras.Model):
             grid = self.downsample_grid**2
             predictions = ops.reshape(predictions, (-1, self.num_patches, grid, self.num_classes))
         targets = patch_targets(
-            images, self.patch_size, self.target, self.bits, self.quantization,
+            seen, self.patch_size, self.target, self.bits, self.quantization,
             downsample_grid=self.downsample_grid,
         )
         return {"predictions": predictions, "targets": targets, "corruption": kind}
@@ -505,7 +530,7 @@ class MaskedPatchPrediction(keras.Model):
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
         del x, y, sample_weight, training  # The targets come from the images.
         loss, correct, weights = self.mpp_loss(y_pred)
-        if correct is not None:
+        if self.accuracy_tracker is not None:
             self.accuracy_tracker.update_state(correct, sample_weight=weights)
         if self.losses:
             loss = loss + ops.sum(ops.stack([ops.cast(v, "float32") for v in self.losses]))

@@ -130,7 +130,46 @@ def test_targets_under_mixed_precision_are_the_images_colours():
     pixels[:, :, :8], pixels[:, :, 8:] = 32.0, 224.0
     outputs = model(keras_vit.preprocess_input(pixels), training=True)
     np.testing.assert_array_equal(_np(outputs["targets"]), [[1 * 64 + 1 * 8 + 1, 511]])
-    assert keras.backend.standardize_dtype(outputs["predictions"].dtype) == "bfloat16"  # still computed in bfloat16
+    # The head computes in float32, as the classifier's (it was bfloat16:
+    # logits of about 17 off by up to 0.07).
+    assert keras.backend.standardize_dtype(outputs["predictions"].dtype) == "float32"
+    assert keras.backend.standardize_dtype(model.encoder.outputs[0].dtype) == "bfloat16"
+
+
+def test_targets_are_the_colours_the_patch_embedding_reads():
+    """A backbone that preprocesses its own input (0-255 pixels, any pixel
+    statistics) or resizes it first: the targets are those of the image its
+    patch embedding reads (they were all class 511, the 0-255 pixels read as
+    [-1, 1] values, and a resize failed in the loss)."""
+    pixels = np.random.default_rng(0).integers(0, 256, (4, 8, 8, 3)).astype("float32")
+
+    def targets(images, **kwargs):
+        backbone = keras_vit.ViT(None, include_top=False, **{**TINY, "patch_size": 4}, **kwargs)
+        return _np(MaskedPatchPrediction(backbone, seed=0)(images)["targets"])
+
+    expected = targets(keras_vit.preprocess_input(pixels), input_shape=(8, 8, 3))
+    assert len(np.unique(expected)) > 4
+    np.testing.assert_array_equal(targets(pixels, input_shape=(8, 8, 3), include_preprocessing=True), expected)
+    np.testing.assert_array_equal(targets(pixels, input_shape=(8, 8, 3), include_preprocessing=True,
+                                          pixel_mean=(0.485, 0.456, 0.406), pixel_std=(0.229, 0.224, 0.225)),
+                                  expected)
+    inputs = keras.Input((16, 16, 3))
+    resized = targets(np.repeat(np.repeat(keras_vit.preprocess_input(pixels), 2, 1), 2, 2),
+                      input_tensor=keras.layers.Resizing(8, 8, interpolation="nearest")(inputs))
+    np.testing.assert_array_equal(resized, expected)
+
+
+def test_pixel_targets_log_no_accuracy():
+    """`"pixels"` is a regression: no accuracy (it logged 0.0 every epoch)."""
+    backbone = keras_vit.ViT(None, include_top=False, input_shape=(16, 16, 3), **TINY)
+    model = MaskedPatchPrediction(backbone, target="pixels", seed=0)
+    model.compile(optimizer="sgd")
+    logs = model.evaluate(np.zeros((2, 16, 16, 3), "float32"), verbose=0, return_dict=True)
+    assert set(logs) == {"loss"}
+    colours = MaskedPatchPrediction(backbone, seed=0)
+    colours.compile(optimizer="sgd")
+    assert set(colours.evaluate(np.zeros((2, 16, 16, 3), "float32"), verbose=0, return_dict=True)) == {
+        "loss", "accuracy"}
 
 
 def test_downsampled_and_pixel_targets():
@@ -188,7 +227,8 @@ def test_encoder_is_the_backbone_graph_with_a_hook_after_the_embedding(backbone)
     builder wired them), and the predictions skip the class token."""
     model = MaskedPatchPrediction(backbone, mask_fraction=0.0, random_fraction=0.0, seed=0)
     images = np.random.default_rng(1).uniform(-1, 1, (3, 16, 24, 3)).astype("float32")
-    tokens, kind = model.encoder(images, training=False)
+    tokens, kind, seen = model.encoder(images, training=False)
+    np.testing.assert_array_equal(_np(seen), images)
     np.testing.assert_allclose(_np(tokens), _np(backbone(images, training=False)), atol=1e-6)
     assert set(np.unique(_np(kind))) == {CLEAN, KEPT}
     out = model.predict_on_batch(images)
@@ -235,6 +275,9 @@ def test_bad_backbones(backbone):
         MaskedPatchPrediction(backbone, target="colour")
     with pytest.raises(ValueError, match="downsample_grid=3"):
         MaskedPatchPrediction(backbone, target="downsampled", downsample_grid=3)
+    dynamic = keras_vit.ViT(None, include_top=False, input_shape=(None, None, 3), **TINY)
+    with pytest.raises(ValueError, match="fixed image size.*dynamic-size"):
+        MaskedPatchPrediction(dynamic)
 
 
 def test_short_run_then_finetune_from_checkpoint(tmp_path):
