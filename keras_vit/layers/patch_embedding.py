@@ -137,7 +137,7 @@ def resize_patch_embedding(kernel, new_size):
     dtype.
     """
     kernel = np.asarray(kernel)
-    new_size = tuple(int(s) for s in normalize_pair(tuple(new_size), "new_size"))
+    new_size = normalize_pair(new_size, "new_size")
     old_size = kernel.shape[:2]
     if kernel.ndim != 4:
         raise ValueError(f"`kernel` must be (patch_h, patch_w, channels, width). Received: shape {kernel.shape}")

@@ -84,6 +84,10 @@ class AddPositionEmbedding(keras.layers.Layer):
             name="pos_embedding",
             shape=(1, tokens, input_shape[2]),
             initializer=self.initializer,
+            # Read in float32 under mixed precision: a dynamic model resamples
+            # it at every call, and the result is cast to the compute dtype
+            # once, after the resampling (as timm resamples under AMP).
+            autocast=False,
         )
 
     def call(self, tokens, images=None):
@@ -249,16 +253,15 @@ def resample_position_embedding(
         source_grid: `(rows, cols)` of `posemb`'s grid; inferred when the grid
             is square, required otherwise.
         num_prefix_tokens: rows before the grid (1 for a class token).
-        interpolation: `"linear"` (the original) or `"bicubic"`.
+        interpolation: one of `INTERPOLATIONS`: `"linear"` (the original),
+            `"bicubic"` (PyTorch's) or `"bicubic_antialias"` (timm's).
 
     Returns:
         numpy array `(1, prefix + target_rows * target_cols, D)`.
     """
     posemb = np.asarray(posemb)
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
-    if source_grid is None:
-        source_grid = infer_square_grid(grid.shape[0])
-    source_grid = tuple(int(s) for s in source_grid)
+    source_grid = infer_square_grid(grid.shape[0]) if source_grid is None else normalize_pair(source_grid, "source_grid")
     if source_grid[0] * source_grid[1] != grid.shape[0]:
         raise ValueError(
             f"`source_grid`={source_grid} does not hold the {grid.shape[0]} "
@@ -266,6 +269,6 @@ def resample_position_embedding(
             f"Received: source_grid={source_grid}"
         )
     grid = grid.reshape(*source_grid, -1)
-    grid = resample_grid(grid, tuple(target_grid), interpolation)
+    grid = resample_grid(grid, normalize_pair(target_grid, "target_grid"), interpolation)
     grid = grid.reshape(1, -1, grid.shape[-1])
     return np.concatenate([prefix, grid], axis=1)

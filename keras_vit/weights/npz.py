@@ -434,9 +434,11 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     Rules (as the original `load_pretrained`, google-research/vision_transformer
     `checkpoint.py`):
     - Position embeddings of another grid are resampled (`interpolation`
-      `"linear"` reproduces the original exactly; `"bicubic"` as timm).
-      The source grid is inferred when square, else read from the file's
-      metadata or `source_grid`.
+      `"linear"` reproduces the original exactly; `"bicubic"` is PyTorch's,
+      `"bicubic_antialias"` timm's). The source grid is `source_grid`, else
+      the file's metadata (keras_vit records it), else square. Without
+      either, an embedding of the model's shape is kept as it is, as the
+      original's rule (resample when the shape differs) does.
     - The head is loaded when its shape matches the model's; otherwise it is
       re-initialised (zeros) for fine-tuning.
     - A checkpoint `pre_logits` layer is dropped when the model has none; a
@@ -446,9 +448,10 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
     Args:
         model: a keras_vit model.
         path: path of the `.npz` file.
-        interpolation: `"linear"` or `"bicubic"`.
+        interpolation: `"linear"`, `"bicubic"` or `"bicubic_antialias"`.
         source_grid: `(rows, cols)` of the checkpoint's patch grid, needed only
-            for non-square grids in files without keras_vit metadata.
+            for files without keras_vit metadata whose grid is not square,
+            or not the model's grid though of its size.
         allow_nonfinite: accept NaN and infinite values (refused by default).
     """
     path = os.fspath(path)
@@ -580,15 +583,16 @@ def _fit_posemb(value, shape, parts, source_grid, interpolation, notes):
     target_grid = parts.grid
     if value.ndim != 3 or value.shape[-1] != shape[-1]:
         raise ValueError(f"shape {value.shape} cannot fit the model's {shape}")
-    grid_tokens = value.shape[1] - prefix
     if source_grid is None:
-        side = math.isqrt(grid_tokens)
-        if side * side == grid_tokens:
-            source_grid = (side, side)
-        elif value.shape == shape:
-            return value  # A non-square grid of the model's size: the same grid.
-        else:
-            source_grid = infer_square_grid(grid_tokens)
+        if value.shape == shape:  # The original's rule: an embedding of the model's shape is its grid.
+            if target_grid[0] != target_grid[1]:
+                notes.append(
+                    f"position embeddings: the file records no grid; its {value.shape[1] - prefix} grid rows are "
+                    f"taken as the model's {target_grid[0]}x{target_grid[1]} (pass source_grid=(rows, cols) if "
+                    "they were another grid)."
+                )
+            return value
+        source_grid = infer_square_grid(value.shape[1] - prefix)
     source_grid = tuple(source_grid)
     if source_grid == tuple(target_grid) and value.shape == shape:
         return value

@@ -146,22 +146,27 @@ def split_qkv(state):
 
 def _fit_posemb(value, variable, prefix, grid, interpolation, notes, source_grid=None, recorded_grid=None):
     """timm's position embedding resampled to the model's `grid` (the
-    `prefix` rows kept), as timm's `resample_abs_pos_embed` does
-    (antialiased bicubic by default); the checkpoint's grid is `source_grid`,
-    else `recorded_grid` (its config's) where that holds its tokens, else
-    square."""
+    `prefix` rows kept), as timm's `checkpoint_filter_fn` does (antialiased
+    bicubic by default): when the token count differs, or when the
+    checkpoint's grid is known and is not the model's. That grid is
+    `source_grid`, else `recorded_grid` (its config's) where that holds its
+    tokens, else square."""
     from keras_vit.layers.position_embedding import infer_square_grid, resample_position_embedding
 
-    if value.shape == tuple(variable.shape) or value.ndim != 3 or value.shape[2] != variable.shape[2]:
-        return value
+    if value.ndim != 3 or value.shape[2] != variable.shape[2]:
+        return value  # the shape check reports it
     tokens = value.shape[1] - prefix
     if source_grid is None and recorded_grid is not None and recorded_grid[0] * recorded_grid[1] == tokens:
         source_grid = recorded_grid
     if source_grid is None:
+        if value.shape == tuple(variable.shape):
+            return value
         source_grid = infer_square_grid(tokens)
     elif source_grid[0] * source_grid[1] != tokens:
         raise ValueError(f"source_grid={tuple(source_grid)} does not hold the checkpoint's {tokens} grid tokens. "
                          f"Received: source_grid={tuple(source_grid)}")
+    if tuple(source_grid) == tuple(grid) and value.shape == tuple(variable.shape):
+        return value
     notes.append(f"position embeddings resampled from a {source_grid[0]}x{source_grid[1]} to a "
                  f"{grid[0]}x{grid[1]} grid ({interpolation}).")
     return resample_position_embedding(value, grid, source_grid, num_prefix_tokens=prefix,

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import keras_vit
+from keras_vit.layers.position_embedding import resample_position_embedding
 from tests.helpers import ROOT, assert_close_rel
 
 pytestmark = pytest.mark.timm
@@ -345,6 +346,14 @@ def test_bfloat16_non_square_and_non_finite_files(tmp_path):
         keras_vit.load_weights(square, str(directory / "model.safetensors"), source_grid=(5, 5))
     notes = keras_vit.load_weights(square, str(directory / "model.safetensors"), source_grid=(4, 6))
     assert notes == ["position embeddings resampled from a 4x6 to a 8x8 grid (bicubic_antialias)."]
+    # A grid of the same token count but another shape (4 x 6 -> 3 x 8) is
+    # resampled, as timm's `checkpoint_filter_fn` does when the checkpoint's
+    # grid is known (it was copied as it was, silently).
+    wide = keras_vit.from_timm(str(directory), input_shape=(24, 64, 3))
+    stored = state["pos_embed"].numpy()
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(wide.get_layer("posembed_input").pos_embedding),
+        resample_position_embedding(stored, (3, 8), (4, 6), 1, "bicubic_antialias"), rtol=1e-5, atol=1e-7)
     state["norm.weight"][0] = float("nan")
     save_file(state, str(tmp_path / "nan.safetensors"))
     with pytest.raises(ValueError, match="norm.weight: NaN or infinite values"):

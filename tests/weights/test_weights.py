@@ -30,6 +30,7 @@ import pytest
 import scipy.ndimage
 
 import keras_vit
+from keras_vit.layers.patch_embedding import resize_patch_embedding
 from keras_vit.layers.position_embedding import resample_grid, resample_position_embedding
 from keras_vit.weights import cache, read_npz, registry
 from keras_vit.weights.h5 import _datasets as _h5_datasets
@@ -587,6 +588,36 @@ def test_non_square_grid_needs_metadata_or_argument(tmp_path):
     model = tiny(shape=(48, 48))
     keras_vit.load_weights(model, str(tmp_path / "bare.npz"), source_grid=(4, 6))
     np.testing.assert_allclose(model.get_layer("posembed_input").pos_embedding.numpy(), expected)
+
+
+def test_an_embedding_of_the_models_shape_without_metadata_is_kept(tmp_path):
+    """A file without grid metadata whose embedding has the model's shape
+    is the model's grid (the original's rule: resample when the shape
+    differs); its square token count was taken for an 8x8 grid and
+    resampled to the model's 4x16 (errors up to 1.1). With the grid given,
+    it is resampled from that grid."""
+    source = randomize_weights(tiny(shape=(32, 128)))  # 4x16 grid: 64 tokens
+    arrays = dict(np.load(export(tmp_path, source)))
+    del arrays[GRID_KEY]
+    np.savez(tmp_path / "bare.npz", **arrays)
+    stored = source.get_layer("posembed_input").pos_embedding.numpy()
+    model = tiny(shape=(32, 128))
+    assert keras_vit.load_weights(model, str(tmp_path / "bare.npz")) == [
+        "position embeddings: the file records no grid; its 64 grid rows are taken as the model's 4x16 (pass "
+        "source_grid=(rows, cols) if they were another grid)."]
+    np.testing.assert_array_equal(model.get_layer("posembed_input").pos_embedding.numpy(), stored)
+    keras_vit.load_weights(model, str(tmp_path / "bare.npz"), source_grid=(8, 8))
+    np.testing.assert_allclose(model.get_layer("posembed_input").pos_embedding.numpy(),
+                               resample_position_embedding(stored, (4, 16), (8, 8)), rtol=1e-6)
+
+
+def test_resampling_arguments_are_checked():
+    posemb = np.zeros((1, 17, 4), "float32")
+    for grid in ((0, 4), (-2, 4), (2.5, 4), (2, 2, 2)):
+        with pytest.raises(ValueError, match=r"`target_grid` must be a positive int or a tuple of 2"):
+            resample_position_embedding(posemb, grid)
+    assert resample_position_embedding(posemb, 3).shape == (1, 10, 4)  # an int is a square grid
+    assert resize_patch_embedding(np.ones((4, 4, 3, 2), "float32"), 8).shape == (8, 8, 3, 2)
 
 
 def test_gap_checkpoint_resampling_has_no_class_row(tmp_path):
