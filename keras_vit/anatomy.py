@@ -100,7 +100,10 @@ class ModelAnatomy:
 
     def grid_of(self, height, width):
         """`(rows, cols)` of the patch grid of images of `height` x `width`
-        (a dynamic-size model takes any; a fixed one its own)."""
+        (a dynamic-size model takes any; a fixed one its own, whatever its
+        input layers do to the images first: a crop, a resize)."""
+        if not self.dynamic:
+            return self.grid
         return height // self.patch_size[0], width // self.patch_size[1]
 
 

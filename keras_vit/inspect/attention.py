@@ -120,7 +120,9 @@ def attention_model(model, blocks=None):
     for i in range(max(chosen) + 1):
         block = model.get_layer(names[i])
         if i in chosen:
-            x, scores[i] = AttentionProbe(block, name=f"attention_probe_{i}")(x)
+            # The block's own dtype policy, not the global one: a float32
+            # model inspected under a global `mixed_bfloat16` stays float32.
+            x, scores[i] = AttentionProbe(block, dtype=block.dtype_policy, name=f"attention_probe_{i}")(x)
         else:
             x = block(x)
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
@@ -140,8 +142,8 @@ def check_images(model, images):
             f"`images` must have shape (batch, {', '.join(map(str, expected))}) with a batch of at least one "
             f"for this model. Received: images.shape={images.shape}"
         )
-    for layer in model.layers:  # the patch grid of a dynamic-size model
-        if isinstance(layer, ImageSizeCheck):
+    for layer in model.layers:  # the patch grid of a dynamic-size model reading the images as given
+        if isinstance(layer, ImageSizeCheck) and layer.input is model.inputs[0]:
             layer.check_shape(images.shape)
     return images
 

@@ -146,8 +146,9 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
     Args:
         model: a keras_vit model (plain or hybrid).
         images: `(B, H, W, 3)` array in [-1, 1].
-        source: `"token"` or `"mean"`; defaults to the class token for token
-            models and to the mean over tokens for gap models.
+        source: `"token"` or `"mean"`; defaults to what the head reads: the
+            class token for token models, the mean over tokens for gap
+            models (with a class token or without) and MAP pooling.
         head_fusion: `"mean"` (the method), `"max"` or `"min"`.
         batch_size: images per forward pass.
 
@@ -159,6 +160,8 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
     geo = anatomy(model)
     images = check_images(model, images)
     grid = geo.grid_of(*images.shape[1:3])
+    if source is None:  # what the model's head reads
+        source = "token" if _pools_class_token(model, geo) else "mean"
     grid_maps = []
     for attentions in attention_batches(model, images, batch_size):
         rollout = attention_rollout(attentions, head_fusion=head_fusion)
@@ -167,6 +170,15 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
     grid_maps = np.concatenate(grid_maps)
     image_maps = np.clip(upsample_maps(grid_maps, images.shape[1:3]), 0.0, 1.0)
     return grid_maps, image_maps
+
+
+def _pools_class_token(model, geo):
+    """Whether the head reads the class token: not for a gap model that
+    has one (MAE's, timm's `global_pool="avg"`) nor for MAP pooling."""
+    layers = {layer.name: layer for layer in model.layers}
+    if "pool" in layers:
+        return layers["pool"].method == "token"
+    return geo.has_class_token and "map_head" not in layers
 
 
 def plot_rollout(images, maps, path=None, titles=None, cmap="jet", alpha=0.5):

@@ -155,6 +155,53 @@ def test_bad_images_are_refused_before_any_step_and_the_model_still_works():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(model(images)), expected)
 
 
+def test_a_float32_model_under_a_global_mixed_policy_is_inspected_in_float32(plain):
+    """The probe layers take the blocks' policy: under a global
+    `mixed_bfloat16` (set at the top of a training script) they computed in
+    bfloat16 (errors of 1e-2 against 1e-6)."""
+    images = _images((16, 24, 3))
+    expected = _manual_attention(plain.get_layer("encoderblock_0"), _block_inputs(plain, images)[0])
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        got = vi.attention_weights(plain, images)[0]
+    finally:
+        keras.config.set_dtype_policy(previous)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_a_model_behind_a_crop_is_inspected_on_the_images_it_takes():
+    """`input_tensor` after a crop: the images are those of the model's
+    input and the grid the ViT's (every size was refused)."""
+    inputs = keras.Input((20, 28, 3))
+    model = randomize_weights(keras_vit.ViT(
+        None, patch_size=8, input_tensor=keras.layers.CenterCrop(16, 24)(inputs), num_classes=3, **TINY))
+    images = _images((20, 28, 3))
+    cropped = images[:, 2:18, 2:26]
+    attention = vi.attention_weights(model, images)
+    np.testing.assert_allclose(
+        attention[0], _manual_attention(model.get_layer("encoderblock_0"), _block_inputs(model, images)[0]),
+        atol=1e-5)
+    grid_maps, _ = vi.rollout_maps(model, images)
+    assert grid_maps.shape == (3, 2, 3)
+    assert vi.model_attention_distance(model, images).shape == (2, 2)
+    with pytest.raises(ValueError, match=r"\(batch, 20, 28, 3\)"):
+        vi.attention_weights(model, cropped)
+
+
+def test_rollout_reads_what_the_head_reads():
+    """A gap head over a model with a class token (MAE's, timm's
+    `global_pool="avg"`): the default map is the mean over tokens, not the
+    class token's row, which that head never reads."""
+    model = randomize_weights(keras_vit.ViT(
+        None, patch_size=8, input_shape=(16, 24, 3), num_classes=3, classifier="gap", class_token=True,
+        fc_norm=True, **TINY), seed=3, scale=0.3)
+    images = _images((16, 24, 3))
+    default, _ = vi.rollout_maps(model, images)
+    np.testing.assert_array_equal(default, vi.rollout_maps(model, images, source="mean")[0])
+    assert not np.allclose(default, vi.rollout_maps(model, images, source="token")[0])
+
+
 # --- rollout -------------------------------------------------------------------
 
 
