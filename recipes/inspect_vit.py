@@ -63,6 +63,11 @@ def build_model(config):
     size = config.image_size or (224,)
     if len(size) not in (1, 2):
         raise cli.RecipeError(f"--image_size takes one or two ints. Received: --image_size={size}")
+    reserved = sorted(set(config.model_overrides) & {"input_shape", "input_tensor", "include_top", "weights",
+                                                      "num_classes"})
+    if reserved:
+        raise cli.RecipeError(f"--model_overrides cannot set {', '.join(reserved)}: the recipe sets them from "
+                              "--image_size, --weights and --num_classes.")
     kwargs = dict(config.model_overrides, input_shape=(size[0], size[-1], 3), weights=config.weights)
     variant = None if config.model.lower() in cli.NONE else config.model
     weights = config.weights
@@ -109,13 +114,20 @@ def _inspect(config, smoke):
         geometry = vit_inspect.geometry(model)
     except ValueError as error:
         raise _expected(f"--model={config.model}")(error) from None
+    # The images the model takes: its input's size (before a crop or a
+    # resize it may start with), RGB.
+    height, width, channels = model.inputs[0].shape[1:]
+    size = (height, width) if height and width else geometry.image_size
+    if channels != 3:
+        raise cli.RecipeError(f"the recipe reads RGB images; --model={config.model} takes {channels} channel(s) "
+                              "(keras_vit.inspect.write_figures takes your own arrays).")
     with tempfile.TemporaryDirectory(prefix="keras_vit_inspect_") as generated:
         directory = config.images
         if directory is None:  # --smoke: a few random-pixel images.
             from keras_vit.data.testing import smoke_images
 
-            directory = smoke_images(generated, geometry.image_size, seed=config.seed)
-        uint8, names = load_images(config, geometry.image_size, directory)
+            directory = smoke_images(generated, size, seed=config.seed)
+        uint8, names = load_images(config, size, directory)
     if config.weights is None and not config.model.endswith(".keras"):
         print("No --weights: the figures show an untrained (randomly initialised) model.")
     written = vit_inspect.write_figures(

@@ -448,6 +448,26 @@ def test_recipe_writes_figures(plain, tmp_path):
         assert sorted(arrays) == sorted(expected)
         for key in expected:
             np.testing.assert_allclose(arrays[key], expected[key], rtol=1e-5, atol=1e-5, err_msg=key)
+    # A model behind a crop reads images of its input's size (the recipe
+    # loaded them at the crop's and failed with a traceback); a grey model
+    # and overrides of what the recipe sets are one `error:` line.
+    inputs = keras.Input((20, 28, 3))
+    cropped = keras_vit.ViT(None, patch_size=8, input_tensor=keras.layers.CenterCrop(16, 24)(inputs), num_classes=3,
+                            **TINY)
+    cropped.save(str(tmp_path / "cropped.keras"))
+    crop_run = recipe["main"]([f"--model={tmp_path / 'cropped.keras'}", f"--images={folder}",
+                               f"--run_dir={tmp_path / 'cropped'}"])
+    with np.load(crop_run["arrays"]) as arrays:
+        assert arrays["rollout_grid_maps"].shape == (3, 2, 3)
+    grey = keras_vit.ViT(None, patch_size=8, input_shape=(16, 16, 1), num_classes=3, **TINY)
+    grey.save(str(tmp_path / "grey.keras"))
+    from recipes.cli import RecipeError
+
+    with pytest.raises(RecipeError, match=r"reads RGB images; --model=.*grey.keras takes 1 channel"):
+        recipe["main"]([f"--model={tmp_path / 'grey.keras'}", f"--images={folder}", f"--run_dir={tmp_path / 'g'}"])
+    with pytest.raises(RecipeError, match="--model_overrides cannot set include_top, input_shape"):
+        recipe["main"](["--smoke", f"--run_dir={tmp_path / 'o'}",
+                        '--model_overrides={"input_shape": [16, 16, 1], "include_top": true}'])
     images, names = vi.load_image_folder(folder, (16, 24))
     assert images.shape == (3, 16, 24, 3) and images.dtype == np.uint8
     assert names == ["a.png", "b.jpg", os.path.join("c", "d.png")]
