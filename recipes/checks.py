@@ -178,6 +178,13 @@ def check_schedule(config):
     except ValueError as error:
         raise RecipeError(f"--total_steps={total}, --warmup_steps={warmup}: {error}") from None
     log_every = log_interval(config.log_every, total)
+    micro_batches = log_every * config.accum_steps  # of one Keras epoch
+    if micro_batches % config.steps_per_execution:  # Keras would run whole executions past the epoch's end
+        fits = max(d for d in range(1, config.steps_per_execution) if micro_batches % d == 0)
+        raise RecipeError(
+            f"--steps_per_execution must divide the micro-batches of a Keras epoch (log_every={log_every} x "
+            f"accum_steps={config.accum_steps} = {micro_batches}), or more updates run than --total_steps: use "
+            f"--steps_per_execution={fits}. Received: --steps_per_execution={config.steps_per_execution}")
     eval_every = 0 if isinstance(config, MppConfig) else config.eval_every
     if eval_every and eval_every % log_every:
         raise RecipeError(f"--eval_every must be a multiple of log_every={log_every}. Received: --eval_every={eval_every}")
@@ -257,6 +264,9 @@ def set_up(config):
 
     if config.deterministic:  # docs/recipes.md, "Reproducible runs"
         distribute.enable_determinism()
+    if keras.backend.backend() == "torch" and config.steps_per_execution > 1:
+        raise RecipeError("--steps_per_execution must be 1 on PyTorch (Keras runs one batch per call there). "
+                          f"Received: --steps_per_execution={config.steps_per_execution}")
     try:
         keras.config.set_dtype_policy(config.dtype_policy)
     except ValueError as error:

@@ -223,6 +223,8 @@ class TrainConfig(ModelFields, DataFields, ScheduleFields, RunFields):
 
 @dataclasses.dataclass(eq=True)
 class VtabConfig(TrainConfig):
+    total_steps: int = arg(10_000, "optimizer updates per task (with --sweep and steps_grid: the best length's)",
+                           valid="[1, inf)")
     tasks: str = arg("all", "comma-separated task keys or paper names (clevr_count, Clevr-Dist, ...), groups "
                             "(natural, specialized, structured) or all")
     save_models: bool = arg(False, "also write each task's final model.keras / model.npz")

@@ -123,8 +123,10 @@ def run(config, config_name=None, smoke=False, callbacks=()):
         setup = checks.set_up(config)
         if config.verbose:
             print("\n".join(train.start_header("vtab", run_dir, setup, config, log_dir=run_dir) + [
-                f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{config.total_steps:,} "
-                f"updates of {config.batch_size} at {config.image_size} px"]), flush=True)
+                f"  tasks: {len(tasks)}, each "
+                + (f"a sweep, then the best length of {config.steps_grid}" if config.sweep and config.steps_grid else
+                   f"{'a sweep, then ' if config.sweep else ''}{config.total_steps:,}")
+                + f" updates of {config.batch_size} at {config.image_size} px"]), flush=True)
         failed = []
         with inputs.smoke_mode(config, smoke):
             for index, task in enumerate(tasks):
@@ -150,6 +152,8 @@ def run(config, config_name=None, smoke=False, callbacks=()):
                     print(f"  {task.name} failed ({cli.one_line(message)[:500]}); traceback in "
                           f"{task_dir}/error.txt. Continuing.", flush=True)
                 else:
+                    if os.path.exists(os.path.join(task_dir, "error.txt")):  # an earlier try's
+                        os.remove(os.path.join(task_dir, "error.txt"))
                     print(f"  {task.name}: {row['accuracy']:.2f} % (lr {row['learning_rate']:g}, {row['steps']} "
                           f"steps, {row['wall_time_s']:.0f} s)", flush=True)
                 rundir.write_json(result_path, row)

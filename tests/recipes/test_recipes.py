@@ -991,6 +991,14 @@ def _error(main, argv, capsys):
     return err
 
 
+@pytest.mark.skipif(BACKEND != "torch", reason="Keras' PyTorch trainer only")
+def test_steps_per_execution_on_pytorch_is_one_error_line(tmp_path, capsys):
+    """It failed inside `fit`, a traceback after the set-up."""
+    assert ("--steps_per_execution must be 1 on PyTorch (Keras runs one batch per call there). Received: "
+            "--steps_per_execution=2") in _error(
+        finetune.main, ["--smoke", f"--run_dir={tmp_path}", "--steps_per_execution=2"], capsys)
+
+
 def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     run = f"--run_dir={tmp_path / 'run'}"
     assert "--total_steps must be in [0, inf). Received: --total_steps=-5" in _error(
@@ -1015,6 +1023,11 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     assert "--weights=" in _error(
         finetune.main, ["--smoke", run, f"--weights={tmp_path / 'missing.npz'}"], capsys)
     assert "--model_overrides" in _error(finetune.main, ["--smoke", run, '--model_overrides={"a": 1}'], capsys)
+    # Keras runs whole executions: 3 of the smoke run's 4 micro-batches per
+    # epoch ran 6 (9 updates for 6, silently).
+    assert ("--steps_per_execution must divide the micro-batches of a Keras epoch (log_every=2 x accum_steps=2 = 4), "
+            "or more updates run than --total_steps: use --steps_per_execution=2. Received: --steps_per_execution=3"
+            in _error(finetune.main, ["--smoke", run, "--steps_per_execution=3"], capsys))
     # Fields with a fixed set of values, in every recipe that has them.
     bad_values = [
         (finetune.main, "--augmentation=crop", "['inception_crop', 'resize_crop', 'resize']"),

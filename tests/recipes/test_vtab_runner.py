@@ -249,7 +249,7 @@ def test_another_paper_row_rewrites_the_report(smoke_runs, capsys):
     runner.main(SMOKE + [f"--run_dir={run_dir}"])  # the module's other tests read the default row
 
 
-def test_augreg_sweep_choices(tmp_path, monkeypatch):
+def test_augreg_sweep_choices(tmp_path, monkeypatch, capsys):
     """lr x steps on train800 -> val200, the best retrained on
     train800val200 and evaluated on test (training stubbed)."""
     splits, fits = [], []
@@ -272,6 +272,9 @@ def test_augreg_sweep_choices(tmp_path, monkeypatch):
     row = outcome["rows"][0]
     assert (row["learning_rate"], row["steps"], row["val_accuracy"], row["accuracy"]) == (0.003, 2500, 90.0, 90.0)
     assert len(row["sweep"]) == 8 and "AugReg sweep" in outcome["report"]
+    # The header names the sweep's lengths (it said "then 2 updates", the
+    # smoke run's --total_steps, which the sweep's best length replaces).
+    assert "tasks: 1, each a sweep, then the best length of (500, 2500) updates" in capsys.readouterr().out
 
 
 @pytest.mark.one_backend
