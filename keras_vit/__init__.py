@@ -14,7 +14,9 @@ if tuple(int(part) for part in _re.findall(r"\d+", _keras.__version__)[:2]) < MI
         f"found keras=={_keras.__version__}. Upgrade with: pip install -U 'keras>=3.10'"
     )
 
-from keras_vit import distribute, layers, training
+# `pretraining` registers `MaskedPatchPrediction`, so that its `.keras`
+# files load after `import keras_vit`.
+from keras_vit import distribute, layers, pretraining, training
 from keras_vit.class_names import decode_predictions
 from keras_vit.features import feature_maps
 from keras_vit.finetuning import freeze_backbone, reset_head

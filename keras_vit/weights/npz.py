@@ -104,6 +104,9 @@ def original_format_problems(model):
             problems.append(f"gelu={block.gelu!r}")
         if block.layer_norm_epsilon != LAYER_NORM_EPSILON:
             problems.append(f"layer_norm_epsilon={block.layer_norm_epsilon:g}")
+    if "cls" in names and getattr(names.get("pool"), "method", None) == "gap":
+        # The file would load as a token model, which reads the class token.
+        problems.append("class_token=True with classifier='gap'")
     posemb = names.get("posembed_input")
     if posemb is not None and "cls" in names and model.layers.index(posemb) < model.layers.index(names["cls"]):
         problems.append("no_embed_class=True")

@@ -10,6 +10,7 @@ import keras_vit
 from keras_vit import variants
 from tests.helpers import (
     MODEL_KINDS,
+    TINY_WIDTHS,
     assert_every_weight_gets_a_gradient,
     assert_saving_round_trip,
     lazy_build,
@@ -282,6 +283,12 @@ def test_the_original_format_refuses_the_options_it_cannot_hold(tmp_path):
         with pytest.raises(ValueError, match=named):
             keras_vit.export_npz(tiny_model(kind), str(tmp_path / f"{kind}.npz"))
         assert not list(tmp_path.iterdir())
+    # A gap head over a class token: the file loaded as a token model,
+    # which reads the class token (logits 0.8 off, silently).
+    gap_over_cls = keras_vit.ViT(None, patch_size=8, input_shape=(16, 16, 3), num_classes=3, classifier="gap",
+                                 class_token=True, **TINY_WIDTHS)
+    with pytest.raises(ValueError, match=r"this model uses class_token=True with classifier='gap'"):
+        keras_vit.export_npz(gap_over_cls, str(tmp_path / "gap.npz"))
 
 
 def test_weights_h5_round_trip(tmp_path):

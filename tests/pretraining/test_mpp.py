@@ -4,6 +4,8 @@ and fine-tuning from its checkpoint."""
 
 import os
 import runpy
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -259,6 +261,19 @@ def test_weights_shared_with_backbone_and_config(tmp_path):
     clone.load_weights(path)
     for a, b in zip(model.weights, clone.weights):
         np.testing.assert_array_equal(_np(a), _np(b))
+
+
+@pytest.mark.one_backend
+def test_a_saved_model_loads_after_import_keras_vit(tmp_path):
+    """`keras_vit` imports `pretraining`, which registers the class: a
+    `.keras` file failed to load ("Could not locate class") unless the user
+    had imported `keras_vit.pretraining` themselves."""
+    path = str(tmp_path / "mpp.keras")
+    MaskedPatchPrediction(keras_vit.ViT(None, include_top=False, input_shape=(16, 16, 3), **TINY), seed=0).save(path)
+    code = "import sys, keras, keras_vit; print(type(keras.saving.load_model(sys.argv[1])).__name__)"
+    out = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.stdout.split()[-1:] == ["MaskedPatchPrediction"], out.stderr[-2000:]
 
 
 def test_bad_backbones(backbone):
