@@ -35,5 +35,5 @@ __version__ = "0.1.0"
 __all__ = [
     *_builders, "available_weights", "decode_predictions", "distribute", "enable_lora", "export_npz", "export_timm",
     "feature_maps", "freeze_backbone", "from_timm", "layers", "list_models", "load_lora", "load_weights",
-    "merge_lora", "preprocess_input", "reset_head", "save_lora", "training", "weights",
+    "merge_lora", "preprocess_input", "pretraining", "reset_head", "save_lora", "training", "weights",
 ]
