@@ -195,6 +195,9 @@ def _not_an_archive(path, error):
         reason = "it holds a single `.npy` array, not an `.npz` archive of named arrays"
     elif start.startswith((b"<!doctype", b"<html", b"<?xml", b"{")):
         reason = "it is a text (HTML/XML/JSON) document, such as an error page, not an `.npz` archive"
+    elif start.startswith(b"\x89hdf"):
+        reason = ("it is an HDF5 file, not an `.npz` archive: Keras weights files load by their name "
+                  "`*.weights.h5` (rename it), whole models with `keras.saving.load_model`")
     else:
         reason = "it is truncated, corrupt or not an `.npz` archive of arrays"
     return _unreadable(path, reason, error)
@@ -224,6 +227,13 @@ def _open_archive(path):
 
 def _members(archive, path):
     """Every member's key, shape, dtype and size, from headers only."""
+    names = set(archive.namelist())
+    if {"config.json", "metadata.json"} <= names:
+        raise _unreadable(path, "it is a `.keras` model, not an `.npz` checkpoint: load it with "
+                                "`keras.saving.load_model`")
+    if "lora_config.npy" in names:
+        raise _unreadable(path, "it holds LoRA adapters (`keras_vit.save_lora`), not a checkpoint: load it with "
+                                "`keras_vit.load_lora` into the model they were trained on")
     members = {}
     for info in archive.infolist():
         if info.is_dir():
@@ -245,7 +255,7 @@ def _members(archive, path):
                 offset = f.tell()
         except (OSError, ValueError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error) as e:
             # NotImplementedError: a compression method zipfile does not know.
-            raise _unreadable(path, f"the header of {key!r} is truncated or corrupt", e) from e
+            raise _unreadable(path, f"{key!r} is truncated or corrupt", e) from e
         if dtype.hasobject:
             raise _unreadable(
                 path, f"{key!r} holds Python objects, which would need unpickling (never done)"

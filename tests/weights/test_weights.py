@@ -9,6 +9,7 @@ import logging
 import os
 import pathlib
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -382,6 +383,32 @@ def test_npy_renamed_to_npz_is_named(tmp_path):
     os.replace(tmp_path / "array.npy", tmp_path / "array.npz")
     with pytest.raises(ValueError, match=r"array.npz'.*single `\.npy` array"):
         tiny(weights=str(tmp_path / "array.npz"))
+
+
+def test_files_of_other_kinds_are_named(tmp_path):
+    """Weights saved by Keras under another name, a whole `.keras` model, a
+    LoRA file, and a bit flipped in an array's data: each named for what it
+    is (they were "truncated, corrupt", "member 'metadata.json' is not an
+    `.npy` array", 55 missing variables, and a "corrupt header")."""
+    model = randomize_weights(tiny())
+    model.save_weights(str(tmp_path / "model.weights.h5"))
+    shutil.copy(tmp_path / "model.weights.h5", tmp_path / "model.h5")
+    model.save(str(tmp_path / "model.keras"))
+    adapted = tiny()
+    keras_vit.enable_lora(adapted, 2)
+    keras_vit.save_lora(adapted, str(tmp_path / "lora.npz"))
+    path = export(tmp_path, model)
+    data = bytearray(pathlib.Path(path).read_bytes())
+    data[data.index(b"head/kernel.npy") + len(b"head/kernel.npy") + 200] ^= 1  # in the array, past its header
+    pathlib.Path(tmp_path / "flipped.npz").write_bytes(bytes(data))
+    before = weights_of(model)
+    for name, match in (("model.h5", r"an HDF5 file.*`\*\.weights\.h5` \(rename it\)"),
+                        ("model.keras", r"a `\.keras` model.*keras\.saving\.load_model"),
+                        ("lora.npz", r"LoRA adapters.*keras_vit\.load_lora"),
+                        ("flipped.npz", r"'head/kernel' is truncated or corrupt")):
+        with pytest.raises(ValueError, match=match):
+            keras_vit.load_weights(model, str(tmp_path / name))
+    assert_unchanged(model, before)
 
 
 def npz_member(name, header_shape, data, dtype="<f4"):
