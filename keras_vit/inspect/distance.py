@@ -20,6 +20,7 @@ import numpy as np
 from keras_vit.inspect import plotting
 from keras_vit.inspect.attention import attention_batches, check_images
 from keras_vit.anatomy import anatomy
+from keras_vit.layers.utils import normalize_pair
 
 
 def patch_distances(grid, patch_size):
@@ -28,8 +29,8 @@ def patch_distances(grid, patch_size):
     Patch `(r, c)` has its centre at `((r + 0.5) * ph, (c + 0.5) * pw)`;
     tokens are in row-major order.
     """
-    rows, cols = (int(g) for g in grid)
-    ph, pw = (float(p) for p in patch_size)
+    rows, cols = normalize_pair(grid, "grid")
+    ph, pw = normalize_pair(patch_size, "patch_size")
     r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
     centres = np.stack([(r.ravel() + 0.5) * ph, (c.ravel() + 0.5) * pw], axis=-1)
     return np.linalg.norm(centres[:, None] - centres[None], axis=-1)
@@ -37,7 +38,7 @@ def patch_distances(grid, patch_size):
 
 def _check_attentions(attentions, grid, num_prefix_tokens):
     attentions = np.asarray(attentions, dtype=np.float64)
-    rows, cols = (int(g) for g in grid)
+    rows, cols = normalize_pair(grid, "grid")
     tokens = num_prefix_tokens + rows * cols
     if attentions.ndim != 5 or attentions.shape[-2:] != (tokens, tokens):
         raise ValueError(

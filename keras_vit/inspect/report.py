@@ -137,9 +137,11 @@ def write_figures(model, images, directory, image_format="png", rollout_images=4
             f"`rollout_images` must be a positive int. Received: rollout_images={rollout_images!r}"
         )
     directory = os.fspath(directory)
+    images = np.asarray(keras.ops.convert_to_numpy(images), dtype=np.float32)
+    if titles is not None and len(titles) != len(images):
+        raise ValueError(f"`titles` must name each of the {len(images)} images. Received: {len(titles)} titles")
     os.makedirs(directory, exist_ok=True)
     geo = anatomy(model)
-    images = np.asarray(keras.ops.convert_to_numpy(images), dtype=np.float32)
     written, arrays = {}, {}
 
     def path(name):

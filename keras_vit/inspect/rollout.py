@@ -207,6 +207,8 @@ def plot_rollout(images, maps, path=None, titles=None, cmap="jet", alpha=0.5):
             f"image's size). Received: maps.shape={maps.shape}"
         )
     count = len(images)
+    if titles is not None and len(titles) != count:
+        raise ValueError(f"`titles` must name each of the {count} images. Received: {len(titles)} titles")
     figure = plotting.new_figure(figsize=(7.5, 2.6 * count))
     axes = figure.subplots(count, 3, squeeze=False)
     for i in range(count):

@@ -293,6 +293,14 @@ def test_patch_distances_and_mean_attention_distance():
     swap = np.array([[0.0, 1.0], [1.0, 0.0]])
     attentions = np.stack([np.stack([swap, np.eye(2)])])[:, None]
     np.testing.assert_allclose(vi.mean_attention_distance(attentions, (1, 2), (16, 8)), [[8.0, 0.0]])
+    # An int is a square patch, as in the model API (a TypeError before);
+    # sizes of 0 or below and 3-item grids are refused by name (0 px and
+    # positive distances came back).
+    np.testing.assert_allclose(vi.mean_attention_distance(attentions, (1, 2), 8), [[8.0, 0.0]])
+    for grid, patch, named in (((1, 2), (0, 0), "patch_size"), ((1, 2), (-4, -4), "patch_size"),
+                               ((1, 2, 1), 8, "grid")):
+        with pytest.raises(ValueError, match=f"`{named}` must be a positive int or a tuple of 2"):
+            vi.mean_attention_distance(attentions, grid, patch)
 
 
 # --- position embeddings and filters ---------------------------------------------
@@ -393,6 +401,8 @@ def test_write_figures_of_a_grey_image_model(tmp_path):
     written = vi.write_figures(grey, _images((16, 16, 1)), tmp_path)
     assert "embedding_filters" not in written
     _check_file(written["rollout"], b"PNG")
+    with pytest.raises(ValueError, match=r"`titles` must name each of the 3 images. Received: 1 titles"):
+        vi.write_figures(grey, _images((16, 16, 1)), tmp_path / "titles", titles=["a"])  # an IndexError before
     with pytest.raises(ValueError, match=r"reads images of 1 channel\(s\), not RGB"):
         vi.embedding_filter_components(grey)
 
