@@ -148,7 +148,8 @@ def fill_library_defaults(config):
             setattr(config, field.name, parameters[field.name].default)
         elif config.optimizer not in takes and value is not None:
             raise RecipeError(f"--{field.name} is not an option of {path} (--optimizer={config.optimizer}; it "
-                              f"applies to --optimizer={' or '.join(takes)}). Received: --{field.name}={value}")
+                              f"applies to --optimizer={' or '.join(takes)}; pass --{field.name}=none, the config "
+                              f"may set it). Received: --{field.name}={value}")
 
 
 def log_interval(log_every, total_steps):

@@ -161,11 +161,13 @@ def parse(argv, recipe, *, prog, description):
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
         valid = f", in {field.metadata['valid']}" if field.metadata.get("valid") else ""
         takes = field.metadata.get("library")
-        shown = _show(value)
+        shown, text = _show(value), field.metadata.get("help", "")
         if takes and value is None:  # the optimizer function's default, or a field it does not use
             shown = (f"{OPTIMIZERS[config.optimizer]}'s" if config.optimizer in takes else
                      f"none; --optimizer={' or '.join(takes)} only")
-        help_text = f"{field.metadata.get('help', '')} (default: {shown}{valid})"
+        elif value in (None, ()) and text.endswith(")") and " (default: " in text:  # the help says what None means
+            text, shown = text[:-1].split(" (default: ", 1)
+        help_text = f"{text} (default: {shown}{valid})"
         parser.add_argument(*flags, help=help_text.replace("%", "%%"), **kwargs)  # argparse %-formats help
     args = parser.parse_args(argv)
     for field in fields:

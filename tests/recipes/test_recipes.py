@@ -139,6 +139,13 @@ def test_flags_override_any_field_and_help_lists_them(capsys):
         finetune.parse(["--help"])
     out = capsys.readouterr().out
     assert all(f"--{field}" in out for field in TrainConfig.__dataclass_fields__)
+    # A field whose help says what None (or an empty list) means shows that
+    # once (it showed "(default: the variant's) (default: none...", and
+    # "(default: , in [1, inf))").
+    flat = " ".join(out.split())
+    assert "dropout (default: the variant's, in [0, 1))" in flat
+    assert "training lengths of the sweep (default: total_steps, in [1, inf))" in flat
+    assert "tensorflow-datasets data directory (default: tfds')" in flat and "(default: )" not in flat
     assert all(name in out and named.expected[:20] in " ".join(out.split())
                for name, named in finetune.RECIPE.configs.items())
     with pytest.raises(SystemExit) as exit_info:
@@ -222,8 +229,8 @@ def test_fine_tuning_defaults_are_the_librarys(monkeypatch, capsys):
     assert (config.warmup_steps, config.linear_end, config.first_moment_dtype, config.momentum) == (
         10_000, 1e-5, "float32", None)
     with pytest.raises(cli.RecipeError, match=r"--momentum is not an option of keras_vit.training."
-                       r"pretraining_optimizer \(--optimizer=adam; it applies to --optimizer=sgd\). "
-                       r"Received: --momentum=0.8"):
+                       r"pretraining_optimizer \(--optimizer=adam; it applies to --optimizer=sgd; pass "
+                       r"--momentum=none, the config may set it\). Received: --momentum=0.8"):
         checks.check(pretrain.RECIPE.get_config().replace(momentum=0.8))
     # --help says which optimizer's default a field takes, or that it does not apply.
     with pytest.raises(SystemExit):
