@@ -282,7 +282,9 @@ def _read_member(archive, path, key, member):
         ) from e
     try:
         with archive.open(member.info) as f:
-            f.seek(member.offset)
+            # Read past the header, not `seek`: since Python 3.12 a seek in a
+            # stored member skips zipfile's CRC check of the whole member.
+            f.read(member.offset)
             read = f.readinto(data)
             f.read(1)  # Reaching the end makes zipfile check the CRC.
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:

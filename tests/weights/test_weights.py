@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -398,8 +399,12 @@ def test_files_of_other_kinds_are_named(tmp_path):
     keras_vit.enable_lora(adapted, 2)
     keras_vit.save_lora(adapted, str(tmp_path / "lora.npz"))
     path = export(tmp_path, model)
+    with zipfile.ZipFile(path) as archive:
+        member = archive.getinfo("head/kernel.npy")
     data = bytearray(pathlib.Path(path).read_bytes())
-    data[data.index(b"head/kernel.npy") + len(b"head/kernel.npy") + 200] ^= 1  # in the array, past its header
+    # The member's last byte (stored): past the local header, its name and extra field.
+    name_length, extra_length = struct.unpack("<HH", data[member.header_offset + 26:member.header_offset + 30])
+    data[member.header_offset + 30 + name_length + extra_length + member.compress_size - 1] ^= 1
     pathlib.Path(tmp_path / "flipped.npz").write_bytes(bytes(data))
     before = weights_of(model)
     for name, match in (("model.h5", r"an HDF5 file.*`\*\.weights\.h5` \(rename it\)"),
