@@ -177,7 +177,7 @@ def _pools_class_token(model, geo):
     has one (MAE's, timm's `global_pool="avg"`) nor for MAP pooling."""
     layers = {layer.name: layer for layer in model.layers}
     if "pool" in layers:
-        return layers["pool"].method == "token"
+        return getattr(layers["pool"], "method", None) == "token"
     return geo.has_class_token and "map_head" not in layers
 
 

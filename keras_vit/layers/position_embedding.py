@@ -261,7 +261,9 @@ def resample_position_embedding(
     """
     posemb = np.asarray(posemb)
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
-    source_grid = infer_square_grid(grid.shape[0]) if source_grid is None else normalize_pair(source_grid, "source_grid")
+    if source_grid is None:
+        source_grid = infer_square_grid(grid.shape[0])
+    source_grid = normalize_pair(source_grid, "source_grid")
     if source_grid[0] * source_grid[1] != grid.shape[0]:
         raise ValueError(
             f"`source_grid`={source_grid} does not hold the {grid.shape[0]} "
