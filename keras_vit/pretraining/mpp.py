@@ -353,7 +353,9 @@ class MaskedPatchPrediction(keras.Model):
     """Masked patch prediction around a keras_vit encoder (paper Sec. 4.6).
 
     Train it with `compile(optimizer)` (no loss: the model computes its own)
-    and `fit(images)`, images in [-1, 1] and no labels. Its outputs (also from
+    and `fit(images)`, no labels: images in [-1, 1], or the 0-255 pixels of a
+    backbone built with `include_preprocessing=True` (the targets are the
+    colours its patch embedding reads). Its outputs (also from
     `predict`) are a dict: `"predictions"` (logits `(B, N, classes)`, or
     `(B, N, grid**2, classes)` for `"downsampled"`, or `(B, N, ph*pw*3)`
     pixels), `"targets"` and `"corruption"` (the kinds of `PatchCorruption`;
