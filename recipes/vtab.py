@@ -122,11 +122,12 @@ def run(config, config_name=None, smoke=False, callbacks=()):
     with rundir.open_run("vtab", config, config_name) as run_dir:
         setup = checks.set_up(config)
         if config.verbose:
+            # A sweep's final run takes the best of its lengths.
+            length = (f"the best length of {config.steps_grid}" if config.sweep and config.steps_grid else
+                      f"{config.total_steps:,}")
             print("\n".join(train.start_header("vtab", run_dir, setup, config, log_dir=run_dir) + [
-                f"  tasks: {len(tasks)}, each "
-                + (f"a sweep, then the best length of {config.steps_grid}" if config.sweep and config.steps_grid else
-                   f"{'a sweep, then ' if config.sweep else ''}{config.total_steps:,}")
-                + f" updates of {config.batch_size} at {config.image_size} px"]), flush=True)
+                f"  tasks: {len(tasks)}, each {'a sweep, then ' if config.sweep else ''}{length} updates of "
+                f"{config.batch_size} at {config.image_size} px"]), flush=True)
         failed = []
         with inputs.smoke_mode(config, smoke):
             for index, task in enumerate(tasks):
