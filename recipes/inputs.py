@@ -157,6 +157,20 @@ def load_data(config, run_dir):
                      train_examples=train_source.num_examples), repr(test_split))
 
 
+def read_first_batch(batches, flag, value):
+    """Reads the first example of `batches` now, so that a bad one (tfds'
+    label -1 of a split without labels) ends the run before its training,
+    not after."""
+    import tensorflow as tf
+
+    from keras_vit.data import ops
+
+    try:
+        next(iter(batches(1).take(1)))
+    except tf.errors.OpError as error:
+        raise RecipeError(f"--{flag}={value}: {ops.op_error_message(error)}") from None
+
+
 def _train_batches(config, pipeline):
     """`pipeline(batch_size)`, a `--batch_augmentation` layer that cannot
     run there (found as the pipeline is built) an `error:` line."""

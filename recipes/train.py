@@ -103,6 +103,8 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
     # Data: training batches repeat; evaluation batches are padded to full
     # weighted batches (weight-0 rows), one static shape.
     data = inputs.load_data(config, run_dir)
+    if data.eval is not None:
+        inputs.read_first_batch(data.eval, "test_split", config.test_split)
     if not config.total_steps:  # from --epochs
         if not data.train_examples:
             raise RecipeError(f"the size of {config.train_split!r} is unknown, so --epochs cannot give the number "

@@ -16,6 +16,7 @@ Sources of the numbers:
 """
 
 import math
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -86,12 +87,38 @@ def decode_image(image, channels=3):
     either encoded bytes or pixels.
     """
     if image.dtype == tf.string:
-        image = tf.io.decode_image(image, channels=channels, expand_animations=False)
+        data = image
+        image = tf.io.decode_image(data, channels=channels, expand_animations=False)
         image.set_shape([None, None, channels])
-        return image
+        return _bmp_palette_colours(data, image) if channels == 3 else image
     if channels == 3 and image.shape[-1] == 1:
         image = tf.tile(image, [1, 1, 3])
     return image
+
+
+def _bmp_palette_colours(data, image):
+    """An 8-bit BMP holds indices into its colour table, and TensorFlow's
+    decoder returns the indices as grey levels (right only for a grey
+    table): the colours are looked up here, as PIL reads them. Other
+    images pass through."""
+
+    def header(offset, size):  # a little-endian unsigned int of the file header
+        raw = tf.cast(tf.io.decode_raw(tf.strings.substr(data, offset, size), tf.uint8), tf.int64)
+        return tf.reduce_sum(raw * tf.constant([256**i for i in range(size)], tf.int64))
+
+    def colours():
+        # 4-byte BGRA entries after the info header (TensorFlow reads no
+        # BMP with the older 12-byte header); 0 colours used means 256.
+        info_size, used = header(14, 4), header(46, 4)
+        count = tf.where(used == 0, tf.constant(256, tf.int64), used)
+        table = tf.io.decode_raw(tf.strings.substr(data, 14 + info_size, 4 * count), tf.uint8)
+        rgb = tf.reverse(tf.reshape(table, [-1, 4])[:, :3], axis=[1])
+        return tf.gather(rgb, tf.cast(image[..., 0], tf.int32))
+
+    def indexed():
+        return tf.cond(header(28, 2) == 8, colours, lambda: image)
+
+    return tf.cond(tf.strings.substr(data, 0, 2) == b"BM", indexed, lambda: image)
 
 
 def inception_crop(
@@ -213,3 +240,32 @@ def normalize(image):
 def one_hot(label, num_classes):
     """float32 one-hot vector of an integer label."""
     return tf.one_hot(tf.cast(label, tf.int32), num_classes, dtype=tf.float32)
+
+
+def op_error_message(error):
+    """The first line of a `tf.errors.OpError`'s message, without
+    TensorFlow's "{{function_node ...}}" prefix and "[Op:...]" suffix."""
+    reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\].*$", "", error.message.strip())
+    return reason.splitlines()[0] if reason else type(error).__name__
+
+
+def checked(value, condition, *message):
+    """`value`, after an assertion that fails with `message` unless
+    `condition`: a clear error from inside a `tf.data` map."""
+    assertion = tf.debugging.Assert(condition, list(message), summarize=16)
+    with tf.control_dependencies([assertion]):
+        return tf.identity(value)
+
+
+def checked_label(label, num_classes, name):
+    """`label` (int64), which must lie in `[0, num_classes)`: `tf.one_hot`
+    turns any other into a row of zeros, which scores as right (accuracy 1,
+    loss 0 under a zero head) and trains on nothing."""
+    label = tf.cast(label, tf.int64)
+    return checked(
+        label,
+        (label >= 0) & (label < num_classes),
+        f"{name}: labels must be in [0, {num_classes}) (tfds gives -1 to the examples of a split "
+        "without labels, e.g. imagenet2012's test split: evaluate on its validation split); got",
+        label,
+    )

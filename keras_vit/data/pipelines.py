@@ -54,6 +54,18 @@ def _check_common(source, training, batch_size, image_size, cache, pad_to_batch,
             "a keras_vit.data.DataSource (from `from_tfds`, `from_directory` or `vtab.load_task`)",
             error=TypeError,
         )
+    spec = source.dataset.element_spec
+    image = spec.get("image") if isinstance(spec, dict) else None
+    if source.decode is ops.decode_image and image is not None and image.dtype != tf.string:
+        # Float pixels in [0, 1] became a near-constant -1 image, RGBA
+        # batches had 4 channels: the decoder passes decoded pixels through.
+        if image.dtype != tf.uint8 or image.shape.rank != 3 or image.shape[-1] not in (1, 3, None):
+            _checks.fail(
+                "source.dataset",
+                image,
+                "a dataset of encoded images (tf.string) or of uint8 pixels (height, width, 1 or 3 channels); "
+                "give the DataSource a `decode` function for other images",
+            )
     _checks.boolean(training, "training")
     _checks.integer(batch_size, "batch_size")
     _checks.integer(image_size, "image_size")
@@ -138,7 +150,7 @@ def _batched(
     def prepare(position, example):
         seed = None if example_key is None else tf.random.experimental.stateless_fold_in(example_key, position)
         image = preprocess(source.decode(example["image"]), seed)
-        return image, ops.one_hot(example["label"], num_classes)
+        return image, ops.one_hot(ops.checked_label(example["label"], num_classes, source.name), num_classes)
 
     dataset = dataset.enumerate().map(prepare, num_parallel_calls=tf.data.AUTOTUNE)
     # Training batches keep a static size (one compiled step on every backend).

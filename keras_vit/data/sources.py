@@ -9,7 +9,6 @@
 
 import dataclasses
 import os
-import re
 import warnings
 from typing import Callable, Optional, Tuple
 
@@ -274,9 +273,7 @@ def _decode_error(path):
     try:
         ops.decode_image(tf.io.read_file(path))
     except tf.errors.OpError as e:
-        # Drop TF's "{{function_node ...}}" prefix and "[Op:...]" suffix.
-        reason = re.sub(r"\{\{[^}]*\}\}\s*|\s*\[Op:\w+\].*$", "", e.message.strip())
-        return reason.splitlines()[0] if reason else type(e).__name__
+        return ops.op_error_message(e)
     return "no error when read again"  # Changed between the two reads.
 
 

@@ -56,13 +56,6 @@ PAPER_MEANS = {"ViT-H/14 (JFT)": 77.6, "ViT-L/16 (JFT)": 76.3, "ViT-L/16 (I21k)"
 # ---------------------------------------------------------------------------
 
 
-def _checked(value, condition, *message):
-    """`value`, after an assertion that fails with `message` unless `condition`."""
-    assertion = tf.debugging.Assert(condition, list(message), summarize=16)
-    with tf.control_dependencies([assertion]):
-        return tf.identity(value)
-
-
 def _bin(value, thresholds):
     """Largest i with thresholds[i] < value (strict, as the original's
     `reduce_max(where(thrs - value < 0))`): a value equal to a threshold falls
@@ -90,7 +83,7 @@ def clevr_count_label(objects):
         objects: the tfds `objects` dict of a CLEVR example.
     """
     count = tf.cast(tf.size(objects["size"]), tf.int64)
-    return _checked(
+    return ops.checked(
         count - 3,
         (count >= 3) & (count <= 10),
         "Clevr-Count: a CLEVR scene holds 3 to 10 objects; got",
@@ -105,7 +98,7 @@ def clevr_distance_label(objects):
     """
     depth = objects["pixel_coords"][:, 2]
     closest = tf.reduce_min(depth)  # +inf for a scene without objects.
-    return _checked(
+    return ops.checked(
         _bin(closest, CLEVR_DISTANCE_THRESHOLDS),
         (tf.size(depth) > 0) & (closest > 0.0) & (closest <= 100.0),
         "Clevr-Dist: a scene needs objects, the closest at a depth in (0, 100]; "
@@ -125,7 +118,7 @@ def kitti_distance_label(objects):
     vehicle_depth = tf.boolean_mask(depth, objects["type"] < KITTI_VEHICLE_TYPES)
     closest = tf.reduce_min(tf.concat([vehicle_depth, [KITTI_NO_VEHICLE_DISTANCE]], 0))
     in_range = tf.reduce_all((vehicle_depth > -100.0) & (vehicle_depth <= 999.0))
-    return _checked(
+    return ops.checked(
         _bin(closest, KITTI_DISTANCE_THRESHOLDS),
         in_range,
         "KITTI-Dist: vehicle depths must be in (-100, 999] m; got",
@@ -143,7 +136,7 @@ def dsprites_label(value, num_original_classes, num_classes=16):
     value = tf.cast(value, tf.int64)
     factor = float(num_original_classes) / num_classes
     label = tf.cast(tf.math.floordiv(tf.cast(value, tf.float32), factor), tf.int64)
-    return _checked(
+    return ops.checked(
         label,
         (value >= 0) & (value < num_original_classes),
         f"dSprites: the attribute takes values 0 to {num_original_classes - 1}; got",
@@ -455,13 +448,7 @@ def load_task(task, split, *, data_dir=None, download=True, manual_dir=None, tra
 
     @tf.autograph.experimental.do_not_convert
     def select(example):
-        label = task.label_fn(example)
-        label = _checked(
-            label,
-            (label >= 0) & (label < num_classes),
-            f"{task.name}: labels must be in [0, {num_classes}); got",
-            label,
-        )
+        label = ops.checked_label(task.label_fn(example), num_classes, task.name)
         return {"image": example["image"], "label": label}
 
     num_examples = SPLIT_SIZES.get(split) or sources.split_size(builder, split_string)

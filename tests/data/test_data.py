@@ -875,6 +875,72 @@ def test_bad_images_named_or_skipped_and_counted(bad_folder):
         keras_vit.data.from_directory(root, skip_bad_images="yes")
 
 
+def _bmp8(indices, table):
+    """An 8-bit BMP file: `indices` (rows of colour indices) into `table`
+    (RGB rows), bottom-up rows padded to 4 bytes, the 40-byte info header."""
+    import struct
+
+    height, width = indices.shape
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 0, 0, 2835, 2835, len(table), 0)
+    entries = b"".join(bytes(rgb[::-1]) + b"\0" for rgb in table)
+    row_size = (width + 3) // 4 * 4
+    pixels = b"".join(bytes(row) + b"\0" * (row_size - width) for row in indices[::-1])
+    offset = 14 + len(info) + len(entries)
+    return b"BM" + struct.pack("<IHHI", offset + len(pixels), 0, 0, offset) + info + entries + pixels
+
+
+@pytest.mark.one_backend
+def test_an_8_bit_bmp_reads_as_its_colours(tmp_path):
+    """TensorFlow's BMP decoder returns an 8-bit BMP's colour indices as
+    grey levels (a red and a blue class were both black); the table's
+    colours are looked up, as PIL reads them."""
+    from PIL import Image
+
+    table = np.array([(220, 20, 20), (20, 20, 220), (0, 255, 0), (7, 8, 9)], np.uint8)
+    indices = np.array([[0, 1, 2], [3, 2, 1]], np.uint8)
+    path = tmp_path / "palette.bmp"
+    path.write_bytes(_bmp8(indices, table))
+    np.testing.assert_array_equal(np.asarray(Image.open(path).convert("RGB")), table[indices])
+    np.testing.assert_array_equal(ops.decode_image(tf.io.read_file(str(path))).numpy(), table[indices])
+    # A grey table (what TensorFlow's reading is right for) is unchanged.
+    grey = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)
+    (tmp_path / "grey.bmp").write_bytes(_bmp8(indices * 60, grey))
+    np.testing.assert_array_equal(ops.decode_image(tf.io.read_file(str(tmp_path / "grey.bmp"))).numpy(),
+                                  np.repeat((indices * 60)[..., None], 3, axis=-1))
+    # In an image folder, through a pipeline: one class red, one blue.
+    for name, index in (("red", 0), ("blue", 1)):
+        (tmp_path / "folder" / name).mkdir(parents=True)
+        (tmp_path / "folder" / name / "a.bmp").write_bytes(_bmp8(np.full((4, 4), index, np.uint8), table))
+    source = keras_vit.data.from_directory(tmp_path / "folder")
+    x, y = next(iter(pipelines.finetune_pipeline(source, training=False, batch_size=2, image_size=4)))
+    pixels = np.round(x.numpy()[:, 0, 0] * 127.5 + 127.5)
+    np.testing.assert_array_equal(pixels[y.numpy().argmax(-1)], table[[source.class_names.index("blue"),
+                                                                      source.class_names.index("red")]][::-1])
+
+
+@pytest.mark.one_backend
+def test_decoded_pixels_other_than_uint8_rgb_are_refused():
+    """The pipelines pass decoded pixels through: float pixels in [0, 1]
+    became a near-constant -1 image, RGBA batches had 4 channels."""
+    for pixels in (np.zeros((2, 4, 4, 3), np.float32), np.zeros((2, 4, 4, 3), np.uint16),
+                   np.zeros((2, 4, 4, 4), np.uint8)):
+        source = sources.DataSource(
+            tf.data.Dataset.from_tensor_slices({"image": pixels, "label": [0, 1]}), num_classes=2)
+        for pipeline in (pipelines.finetune_pipeline, pipelines.pretrain_pipeline):
+            with pytest.raises(ValueError, match=r"`source.dataset` must be .*uint8 pixels .*Received: "
+                                                 r"source.dataset=TensorSpec"):
+                pipeline(source, training=False, batch_size=2, image_size=4)
+    # Grey uint8 pixels and a source with its own decode are accepted.
+    grey = sources.DataSource(tf.data.Dataset.from_tensor_slices(
+        {"image": np.zeros((2, 4, 4, 1), np.uint8), "label": [0, 1]}), num_classes=2)
+    assert next(iter(pipelines.finetune_pipeline(grey, training=False, batch_size=2, image_size=4)))[0].shape[-1] == 3
+    floats = sources.DataSource(tf.data.Dataset.from_tensor_slices(
+        {"image": np.ones((2, 4, 4, 3), np.float32), "label": [0, 1]}), num_classes=2,
+        decode=lambda image: tf.cast(image * 255.0, tf.uint8))
+    x, _ = next(iter(pipelines.finetune_pipeline(floats, training=False, batch_size=2, image_size=4)))
+    np.testing.assert_array_equal(x.numpy(), 1.0)
+
+
 @pytest.mark.one_backend
 def test_class_names_must_match_and_set_label_order(tmp_path):
     for split, names in (("train", ("cat", "dog")), ("test", ("cat", "dgo"))):
@@ -930,12 +996,14 @@ class KerasVitSortedTiny(tfds.core.GeneratorBasedBuilder):
         )
 
     def _split_generators(self, dl_manager):
-        return {"train": self._generate_examples(800), "test": self._generate_examples(50)}
+        # "unlabelled": tfds' label -1, as in imagenet2012's test split.
+        return {"train": self._generate_examples(800), "test": self._generate_examples(50),
+                "unlabelled": self._generate_examples(4, labelled=False)}
 
-    def _generate_examples(self, n):
+    def _generate_examples(self, n, labelled=True):
         for i in range(n):
             label = i * NUM_SORTED_CLASSES // n
-            yield i, {"image": np.full((8, 8, 3), 20 * label, np.uint8), "label": label}
+            yield i, {"image": np.full((8, 8, 3), 20 * label, np.uint8), "label": label if labelled else -1}
 
 
 class KerasVitBrokenPrepare(tfds.core.GeneratorBasedBuilder):
@@ -979,6 +1047,24 @@ def test_from_tfds_prepares_a_real_dataset_offline(tiny_tfds):
     images, y = next(iter(keras_vit.data.finetune_pipeline(test, training=False, batch_size=50, image_size=8)))
     pixels = (20 * y.numpy().argmax(-1)).astype(np.float32)
     np.testing.assert_array_equal(images.numpy()[:, 0, 0, 0], (pixels - np.float32(127.5)) / np.float32(127.5))
+
+
+@pytest.mark.one_backend
+def test_a_label_outside_the_classes_is_an_error_not_a_zero_row(tiny_tfds):
+    """tf.one_hot turns -1 (tfds' label of a split without labels) or a
+    label past the classes into a row of zeros, which scored accuracy 1 and
+    loss 0 under a zero head."""
+    data_dir, _ = tiny_tfds
+    unlabelled = keras_vit.data.from_tfds("keras_vit_sorted_tiny", "unlabelled", data_dir=data_dir, download=False)
+    for pipeline in (pipelines.finetune_pipeline, pipelines.pretrain_pipeline):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"keras_vit_sorted_tiny.*labels must be in \[0, 10\).*validation split.*\[-1\]"):
+            next(iter(pipeline(unlabelled, training=False, batch_size=2, image_size=8)))
+    past = sources.DataSource(
+        tf.data.Dataset.from_tensor_slices({"image": np.zeros((3, 4, 4, 3), np.uint8), "label": [0, 5, 2]}),
+        num_classes=3, name="past")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"past: labels must be in \[0, 3\).*\[5\]"):
+        list(pipelines.finetune_pipeline(past, training=False, batch_size=3, image_size=4))
 
 
 @pytest.mark.one_backend

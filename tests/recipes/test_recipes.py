@@ -1197,6 +1197,25 @@ def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):
     assert "train 'train' (8 examples, 2 classes, 1 unreadable files skipped)" in capsys.readouterr().out
 
 
+@pytest.mark.one_backend
+def test_an_evaluation_split_without_labels_is_refused_before_training(tmp_path, capsys):
+    """tfds gives -1 to the examples of a split without labels (imagenet2012's
+    test split): it scored an accuracy of 1 after the whole training; now
+    the run ends before it. The dataset is tfds' real preparation."""
+    from tests.data.test_data import KerasVitSortedTiny  # noqa: F401 - registers the builder with tfds
+
+    keras_vit.data.from_tfds("keras_vit_sorted_tiny", "train", data_dir=tmp_path / "tfds")  # tfds' progress bars
+    run_dir = tmp_path / "run"
+    err = _error(finetune.main, [
+        "--dataset=keras_vit_sorted_tiny", f"--data_dir={tmp_path / 'tfds'}", "--test_split=unlabelled",
+        "--model=none", '--model_overrides={"hidden_size": 16, "num_layers": 1, "num_heads": 2, "mlp_dim": 32, '
+        '"patch_size": 4}', "--weights=none", "--image_size=8", "--batch_size=8", "--accum_steps=1",
+        "--total_steps=2", "--warmup_steps=1", "--log_every=1", f"--run_dir={run_dir}", "--verbose=0"], capsys)
+    assert err.startswith("error: --test_split=unlabelled: assertion failed: [keras_vit_sorted_tiny: labels must "
+                          "be in [0, 10) (tfds gives -1 to the examples of a split without labels"), err
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "history.csv").exists()
+
+
 def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
     from PIL import Image
 
