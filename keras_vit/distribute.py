@@ -403,6 +403,27 @@ def tf_replica_context():
     return context
 
 
+def draw_for_global_batch(sample, shape, *args, **kwargs):
+    """`sample(shape, *args, **kwargs)` (a `keras.random` function drawing
+    one row per example along axis 0) as this replica's rows of one draw
+    for the global batch.
+
+    Under `tf.distribute` a `keras.random.SeedGenerator`'s state is
+    mirrored, so every replica would draw the same numbers: the same
+    drop-path and corruption pattern, repeated once per replica. Each
+    replica draws for all of them and keeps its own rows, which is what
+    one device draws for the whole batch (JAX's data parallelism draws
+    globally already). The draws are per example, so the extra numbers
+    are few.
+    """
+    context = tf_replica_context()
+    if context is None:
+        return sample(shape, *args, **kwargs)
+    batch, rest = shape[0], tuple(shape[1:])
+    values = sample((context.num_replicas_in_sync * batch, *rest), *args, **kwargs)
+    return keras.ops.slice(values, (context.replica_id_in_sync_group * batch,) + (0,) * len(rest), (batch, *rest))
+
+
 # --------------------------------------------------------------------------
 # JAX
 # --------------------------------------------------------------------------

@@ -198,7 +198,7 @@ def steps_from_epochs(epochs, num_examples, batch_size):
 
 def check_batches(config, setup):
     """Every batch must split evenly over the replicas, said before any work
-    with a value that works."""
+    with a value that works; and what Keras cannot run under the setup."""
     replicas, accum = setup.num_replicas, config.accum_steps
     micro = config.batch_size // accum
     if micro % replicas:
@@ -208,6 +208,11 @@ def check_batches(config, setup):
             f"--batch_size={config.batch_size} with --accum_steps={accum} gives micro-batches of {micro}, which do "
             f"not split over the {replicas} replicas of distribution {setup.mode!r}: use --batch_size={fix} (a "
             f"multiple of accum_steps x replicas = {step}).")
+    if setup.mode == "mirrored" and replicas > 1 and config.steps_per_execution > 1:
+        raise RecipeError(
+            f"--steps_per_execution must be 1 under MirroredStrategy over {replicas} replicas: Keras' fit fails "
+            "there with more (its loop of steps feeds no value to a placeholder). Received: "
+            f"--steps_per_execution={config.steps_per_execution}")
     eval_batch = None if isinstance(config, MppConfig) else config.eval_batch_size
     if eval_batch is not None and eval_batch % replicas:
         raise RecipeError(

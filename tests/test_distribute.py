@@ -590,6 +590,26 @@ def _tf_child():
     report["mpp_halves_differ"] = bool((kinds[:4] != kinds[4:8]).any() and (kinds[8:12] != kinds[12:]).any())
     report["mpp_kinds_as_one_device"] = bool((kinds == corruption(none)).all())
 
+    # Drop-path likewise (every replica dropped the same paths): the
+    # replicas' outputs are one device's for the global batch, and the
+    # two replicas' halves (the same rows) differ.
+    def drop_path_outputs(scope):
+        with scope.scope():
+            block = keras_vit.layers.TransformerEncoderBlock(num_heads=2, mlp_dim=8, drop_path_rate=0.5, seed=3)
+            block.build((None, 3, 4))
+            block.set_weights([np.full(w.shape, 0.1, "float32") for w in block.get_weights()])
+            rows = np.tile(np.random.default_rng(2).uniform(1, 2, (8, 3, 4)).astype("float32"), (2, 1, 1))
+            batches = tf.data.Dataset.from_tensor_slices(rows).batch(16)
+            if scope is none:
+                return block(next(iter(batches)), training=True).numpy()
+            out = setup.strategy.run(tf.function(lambda b: block(b, training=True)),
+                                     args=(next(iter(setup.strategy.experimental_distribute_dataset(batches))),))
+            return np.concatenate([t.numpy() for t in out.values])
+
+    paths = drop_path_outputs(setup)
+    report["drop_path_error"] = float(np.max(np.abs(paths - drop_path_outputs(none))))
+    report["drop_path_halves_differ"] = bool(np.abs(paths[:8] - paths[8:]).max() > 1e-3)
+
     # A TPU name that does not answer: the error says so in one line.
     try:
         distribute.get_distribution("tpu", tpu="local")
@@ -619,6 +639,7 @@ def test_tf_mirrored_strategy_on_2_logical_cpus():
     assert report["resume_error"] == 0.0
     assert report["mpp_loss"] == pytest.approx(np.log(512), rel=1e-5)
     assert report["mpp_halves_differ"] and report["mpp_kinds_as_one_device"]
+    assert report["drop_path_halves_differ"] and report["drop_path_error"] < 1e-6
 
 
 # --------------------------------------------------------------------------

@@ -294,7 +294,11 @@ class TransformerEncoderBlock(keras.layers.Layer):
         shape = (ops.shape(branch)[0],) + (1,) * (len(branch.shape) - 1)
         # The draw in float32: in bfloat16 (multiples of 1/128, `keep`
         # rounded) a rate of 0.003 dropped 0.008 of the paths.
-        noise = keras.random.uniform(shape, seed=self.seed_generator, dtype="float32")
+        from keras_vit.distribute import draw_for_global_batch  # imports keras_vit.layers
+
+        # One draw for the global batch under tf.distribute: every replica
+        # drew the same paths.
+        noise = draw_for_global_batch(keras.random.uniform, shape, seed=self.seed_generator, dtype="float32")
         return branch * ops.cast(ops.floor(keep + noise) / keep, branch.dtype)
 
     def _attend(self, y, return_attention_scores, given=None):

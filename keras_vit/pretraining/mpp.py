@@ -58,6 +58,7 @@ from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.utils import is_real
 from keras_vit.layers.utils import positive_int
 from keras_vit.anatomy import anatomy
+from keras_vit.distribute import draw_for_global_batch
 from keras_vit.distribute import tf_replica_context
 
 TARGETS = ("mean_color", "downsampled", "pixels")
@@ -261,17 +262,8 @@ class PatchCorruption(keras.layers.Layer):
         num = tokens.shape[1]
         batch = ops.shape(tokens)[0]
         count = self.num_corrupted(num)
-        # Under tf.distribute every replica holds the same seed state: the
-        # draws are made for the global batch and each replica takes its
-        # rows, so that replicas corrupt differently (and as one device
-        # would the global batch). JAX's data parallelism draws globally.
-        context = tf_replica_context()
-        replicas, replica = (1, 0) if context is None else (
-            context.num_replicas_in_sync, context.replica_id_in_sync_group)
-
-        def draw(sample, *args, **kwargs):
-            values = sample((replicas * batch, num), *args, seed=self.seed_generator, **kwargs)
-            return values if context is None else ops.slice(values, (replica * batch, 0), (batch, num))
+        def draw(sample, *args, **kwargs):  # each replica its rows of one draw (`draw_for_global_batch`)
+            return draw_for_global_batch(sample, (batch, num), *args, seed=self.seed_generator, **kwargs)
 
         # Exactly `count` corrupted patches per image: the ranks of uniform
         # scores below `count`.

@@ -998,6 +998,21 @@ def _error(main, argv, capsys):
     return err
 
 
+@pytest.mark.one_backend
+def test_steps_per_execution_under_mirrored_replicas_is_refused():
+    """Keras' fit fails under MirroredStrategy over 2 replicas with more than
+    one step per execution (a 45-frame traceback; tests/test_distribute.py
+    runs the strategy itself): refused with the set-up's other checks."""
+    from keras_vit import distribute
+
+    config = finetune.RECIPE.get_config(smoke=True).replace(steps_per_execution=2)
+    with pytest.raises(cli.RecipeError, match=r"^--steps_per_execution must be 1 under MirroredStrategy over 2 "
+                                              r"replicas: .* Received: --steps_per_execution=2$"):
+        checks.check_batches(config, distribute.DistributionSetup("mirrored", "tensorflow", num_replicas=2))
+    checks.check_batches(config, distribute.DistributionSetup("mirrored", "tensorflow", num_replicas=1))
+    checks.check_batches(config, distribute.DistributionSetup("data_parallel", "jax", num_replicas=2))
+
+
 @pytest.mark.skipif(BACKEND != "torch", reason="Keras' PyTorch trainer only")
 def test_steps_per_execution_on_pytorch_is_one_error_line(tmp_path, capsys):
     """It failed inside `fit`, a traceback after the set-up."""
