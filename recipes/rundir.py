@@ -190,7 +190,10 @@ def record_config(config, recipe, config_name, run_dir):
     path = os.path.join(run_dir, "config.json")
     saved = read_json(path)
     current = jsonable(config)
-    started = saved is not None and any(name not in ("config.json", MARKER) for name in os.listdir(run_dir))
+    # Folders without files do not count: a sweep makes its trial's folder
+    # before a bad --dataset is found (retyping it was then refused).
+    started = saved is not None and any(
+        name not in ("config.json", MARKER) and _holds_files(os.path.join(run_dir, name)) for name in os.listdir(run_dir))
     if started and saved.get("recipe", recipe) != recipe:
         raise RecipeError(
             f"the run directory {run_dir} holds a run of {saved['recipe']}, not of {recipe}: nothing was changed. "
@@ -207,6 +210,13 @@ def record_config(config, recipe, config_name, run_dir):
     first_start = saved.get("started") if started else None
     write_json(path, {"recipe": recipe, "config_name": config_name, "config": current,
                       "started": first_start if isinstance(first_start, (int, float)) else time.time()})
+
+
+def _holds_files(path):
+    """`path` is a file, or a folder with a file somewhere below it."""
+    if not os.path.isdir(path):
+        return True
+    return any(files for _, _, files in os.walk(path))
 
 
 @contextlib.contextmanager

@@ -1213,6 +1213,18 @@ def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):
 
 
 @pytest.mark.one_backend
+def test_a_sweep_that_failed_before_training_takes_a_retyped_flag(tmp_path, capsys):
+    """A sweep makes its first trial's folder before the data are read: a
+    mistyped --dataset, retyped, was refused as "another config"."""
+    common = ["--smoke", "--sweep", f"--run_dir={tmp_path / 'run'}", "--train_split=train", "--test_split=test",
+              "--verbose=0"]
+    assert "no folder" in _error(finetune.main, [*common, f"--dataset={tmp_path / 'typo'}"], capsys)
+    assert [name for _, _, files in os.walk(tmp_path / "run" / "sweep") for name in files] == []
+    err = _error(finetune.main, [*common, f"--dataset={tmp_path / 'retyped'}"], capsys)
+    assert "no folder" in err and "another config" not in err, err
+
+
+@pytest.mark.one_backend
 def test_an_evaluation_split_without_labels_is_refused_before_training(tmp_path, capsys):
     """tfds gives -1 to the examples of a split without labels (imagenet2012's
     test split): it scored an accuracy of 1 after the whole training; now
