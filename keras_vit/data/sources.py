@@ -121,14 +121,22 @@ def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instruc
     if manual_instructions or instructions:
         manual_dir = os.fspath(manual_dir) if manual_dir else os.path.join(root, "downloads", "manual")
         how = "\n".join(t.strip() for t in (instructions, manual_instructions) if t)
+        # What to do first: a one-line report that keeps its first lines
+        # (the recipes') keeps it.
         message = (
             f"Dataset {name!r} is not prepared in {builder.data_dir} and needs a "
-            f"manual download:\n{how}\nPut the files in manual_dir={manual_dir!r}, "
-            "then call again with download=True (tensorflow-datasets then "
-            "prepares the dataset in data_dir)."
+            f"manual download: put the files in manual_dir={manual_dir!r}, then "
+            "call again with download=True (tensorflow-datasets then prepares "
+            f"the dataset in data_dir). The files:\n{how}"
         )
-        if not download or not _has_files(manual_dir):
+        if not _has_files(manual_dir):
             raise DatasetNotAvailableError(message)
+        if not download:
+            raise DatasetNotAvailableError(
+                f"Dataset {name!r} is not prepared in {builder.data_dir}; manual_dir="
+                f"{manual_dir!r} holds files, and download=False: call again with "
+                "download=True to prepare the dataset from them."
+            )
     else:
         message = (
             f"Dataset {name!r} is not prepared in {builder.data_dir}. On a "

@@ -342,6 +342,16 @@ def test_missing_dataset_says_what_to_download(tmp_path):
         keras_vit.data.from_tfds("resisc45", "train", data_dir=tmp_path)
     message = str(info.value)
     assert "1drv.ms" in message and os.path.join(str(tmp_path), "downloads", "manual") in message
+    # What to do on its first line (the recipes' one-line errors keep the first lines).
+    manual_dir = os.path.join(str(tmp_path), "downloads", "manual")
+    assert f"manual download: put the files in manual_dir={manual_dir!r}, then call again with download=True" in (
+        message.splitlines()[0])
+    # The files are there, download=False: that is what to change.
+    os.makedirs(manual_dir)
+    open(os.path.join(manual_dir, "NWPU-RESISC45.rar"), "w").close()
+    with pytest.raises(keras_vit.data.DatasetNotAvailableError, match=r"holds files, and download=False: call "
+                                                                        r"again with download=True"):
+        keras_vit.data.from_tfds("resisc45", "train", data_dir=tmp_path, download=False)
 
 
 # ---------------------------------------------------------------------------
