@@ -18,8 +18,8 @@ from recipes.configs import AUGREG
 from recipes.configs import VTAB_PREFIX
 from recipes.configs import MppConfig
 
-# `train(micro_batch)`: repeating training batches; `eval(batch)`: one
-# padded pass, or None; `num_classes`: None for images without labels.
+# `train(micro_batch)`: repeating training batches; `eval(batch, cache=...)`:
+# one padded pass, or None; `num_classes`: None for images without labels.
 Data = collections.namedtuple(
     "Data", "train eval num_classes input_shape train_examples line description eval_label")
 
@@ -111,13 +111,14 @@ def load_data(config, run_dir):
         except ValueError as error:
             raise RecipeError(f"--dataset={config.dataset}: {error}") from None
         common = dict(image_size=size, data_dir=config.data_dir, download=config.download,
-                      manual_dir=config.manual_dir, cache=cache)
+                      manual_dir=config.manual_dir)
         return Data(
             _train_batches(config, lambda b: vtab.vtab_pipeline(
                 task, config.train_split, batch_size=b, augmentation=config.augmentation, flip=config.flip,
-                batch_augmentation=config.batch_augmentation, **training, **common)),
-            (lambda b: vtab.vtab_pipeline(task, test_split, batch_size=b, training=False, pad_to_batch=True,
-                                          **common)) if test_split else None,
+                batch_augmentation=config.batch_augmentation, cache=cache, **training, **common)),
+            (lambda b, cache=cache: vtab.vtab_pipeline(task, test_split, batch_size=b, training=False,
+                                                          pad_to_batch=True, cache=cache, **common))
+            if test_split else None,
             task.num_classes, (size, size, 3), None,
             f"  data: VTAB {task.name}, train {config.train_split!r}, evaluation {test_split!r}",
             dict(num_classes=task.num_classes, train_split=config.train_split, eval_split=test_split),
@@ -142,7 +143,7 @@ def load_data(config, run_dir):
         augment = dict(augmentation=config.augmentation, flip=config.flip,
                        batch_augmentation=config.batch_augmentation)
 
-    def eval_batches(batch_size):
+    def eval_batches(batch_size, cache=cache):
         return pipeline(eval_source, training=False, batch_size=batch_size, image_size=size, cache=cache,
                         pad_to_batch=True)
 
@@ -165,8 +166,8 @@ def read_first_batch(batches, flag, value):
 
     from keras_vit.data import ops
 
-    try:
-        next(iter(batches(1).take(1)))
+    try:  # uncached: a cache read in part is discarded with a warning
+        next(iter(batches(1, cache=False).take(1)))
     except tf.errors.OpError as error:
         raise RecipeError(f"--{flag}={value}: {ops.op_error_message(error)}") from None
 
