@@ -198,7 +198,7 @@ def steps_from_epochs(epochs, num_examples, batch_size):
 
 def check_batches(config, setup):
     """Every batch must split evenly over the replicas, said before any work
-    with a value that works; and what Keras cannot run under the setup."""
+    with a value that works."""
     replicas, accum = setup.num_replicas, config.accum_steps
     micro = config.batch_size // accum
     if micro % replicas:
@@ -208,16 +208,24 @@ def check_batches(config, setup):
             f"--batch_size={config.batch_size} with --accum_steps={accum} gives micro-batches of {micro}, which do "
             f"not split over the {replicas} replicas of distribution {setup.mode!r}: use --batch_size={fix} (a "
             f"multiple of accum_steps x replicas = {step}).")
-    if setup.mode == "mirrored" and replicas > 1 and config.steps_per_execution > 1:
-        raise RecipeError(
-            f"--steps_per_execution must be 1 under MirroredStrategy over {replicas} replicas: Keras' fit fails "
-            "there with more (its loop of steps feeds no value to a placeholder). Received: "
-            f"--steps_per_execution={config.steps_per_execution}")
     eval_batch = None if isinstance(config, MppConfig) else config.eval_batch_size
     if eval_batch is not None and eval_batch % replicas:
         raise RecipeError(
             f"--eval_batch_size={eval_batch} does not split over the {replicas} replicas of distribution "
             f"{setup.mode!r}: use --eval_batch_size={math.ceil(eval_batch / replicas) * replicas}.")
+
+
+def check_steps_per_execution(config, setup):
+    """More than one batch per compiled call where Keras' `fit` runs it."""
+    steps = config.steps_per_execution
+    if steps > 1 and setup.backend == "torch":
+        raise RecipeError("--steps_per_execution must be 1 on PyTorch (Keras runs one batch per call there). "
+                          f"Received: --steps_per_execution={steps}")
+    if steps > 1 and setup.mode == "mirrored" and setup.num_replicas > 1:
+        raise RecipeError(
+            f"--steps_per_execution must be 1 under MirroredStrategy over {setup.num_replicas} replicas: Keras' fit "
+            f"fails there with more (its loop of steps feeds no value to a placeholder). Received: "
+            f"--steps_per_execution={steps}")
 
 
 def check_model(config):
@@ -270,9 +278,6 @@ def set_up(config):
 
     if config.deterministic:  # docs/recipes.md, "Reproducible runs"
         distribute.enable_determinism()
-    if keras.backend.backend() == "torch" and config.steps_per_execution > 1:
-        raise RecipeError("--steps_per_execution must be 1 on PyTorch (Keras runs one batch per call there). "
-                          f"Received: --steps_per_execution={config.steps_per_execution}")
     try:
         keras.config.set_dtype_policy(config.dtype_policy)
     except ValueError as error:
@@ -281,5 +286,6 @@ def set_up(config):
         setup = distribute.get_distribution(config.distribution)
     except (ValueError, RuntimeError) as error:
         raise RecipeError(f"--distribution={config.distribution}: {error}") from None
+    check_steps_per_execution(config, setup)
     check_batches(config, setup)
     return setup

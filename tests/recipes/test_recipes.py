@@ -1008,9 +1008,9 @@ def test_steps_per_execution_under_mirrored_replicas_is_refused():
     config = finetune.RECIPE.get_config(smoke=True).replace(steps_per_execution=2)
     with pytest.raises(cli.RecipeError, match=r"^--steps_per_execution must be 1 under MirroredStrategy over 2 "
                                               r"replicas: .* Received: --steps_per_execution=2$"):
-        checks.check_batches(config, distribute.DistributionSetup("mirrored", "tensorflow", num_replicas=2))
-    checks.check_batches(config, distribute.DistributionSetup("mirrored", "tensorflow", num_replicas=1))
-    checks.check_batches(config, distribute.DistributionSetup("data_parallel", "jax", num_replicas=2))
+        checks.check_steps_per_execution(config, distribute.DistributionSetup("mirrored", "tensorflow", num_replicas=2))
+    checks.check_steps_per_execution(config, distribute.DistributionSetup("mirrored", "tensorflow", num_replicas=1))
+    checks.check_steps_per_execution(config, distribute.DistributionSetup("data_parallel", "jax", num_replicas=2))
 
 
 @pytest.mark.skipif(BACKEND != "torch", reason="Keras' PyTorch trainer only")
