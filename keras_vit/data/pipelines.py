@@ -99,8 +99,8 @@ def _batched(
     batch_fn=None,
     pad_to_batch=False,
 ):
-    """[shuffled files] -> cache -> [full reshuffle] -> repeat -> shuffle ->
-    map -> batch -> [batch_fn] -> [pad to batch_size] -> prefetch.
+    """[shuffled files] -> cache -> [full reshuffle] -> next epoch -> shuffle
+    -> map -> batch -> [batch_fn] -> [pad to batch_size] -> prefetch.
 
     The order of vit_jax's `get_data` (files shuffled, repeat, shuffle, map,
     batch), with the cache of task_adaptation in front. Training reads the
@@ -120,29 +120,32 @@ def _batched(
         unseeded_training_pipelines += 1
     # One key per stream (examples, batches), folded with the position.
     # Evaluation draws nothing: no key, and no draw from the global generator.
-    example_key, batch_key = tf.unstack(ops.split_seed(seed, 2)) if training else (None, None)
+    example_key, batch_key, order_key = tf.unstack(ops.split_seed(seed, 3)) if training else (None,) * 3
     n = source.num_examples
     cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
-    dataset = source.dataset
-    if training and source.shuffled is not None and not (cached and n):
-        dataset = source.shuffled(seed)
-    if cached:
-        dataset = dataset.cache()
-        if training and n:
-            # A cache replays the order it was filled in; reshuffle the
-            # whole cached split every epoch instead. The buffer holds
-            # references to the cached tensors, not copies.
-            dataset = dataset.shuffle(n, seed=seed, reshuffle_each_iteration=True)
     if repeat is None:
         repeat = training
     _checks.boolean(repeat, "repeat")  # a truthy "no" made an evaluation pass endless
-    if repeat:
-        dataset = dataset.repeat()
+    if training and cached and n:
+        # A cache replays the order it was filled in; reshuffle the whole
+        # cached split every epoch instead. The buffer holds references to
+        # the cached tensors, not copies.
+        examples = source.dataset.cache()
+        dataset = _epochs(lambda epoch_seed: examples.shuffle(n, seed=epoch_seed), order_key, repeat)
+    elif training and source.shuffled is not None:
+        if cached:  # size unknown: the cache replays the first epoch's order
+            dataset = _epochs(source.shuffled, order_key, repeat=False).cache()
+            dataset = dataset.repeat() if repeat else dataset
+        else:
+            dataset = _epochs(source.shuffled, order_key, repeat)
+    else:
+        dataset = source.dataset.cache() if cached else source.dataset
+        dataset = dataset.repeat() if repeat else dataset
     if training:
         _checks.integer(shuffle_buffer, "shuffle_buffer")
         buffer = min(shuffle_buffer, n) if n else shuffle_buffer
-        if buffer > 1:
-            dataset = dataset.shuffle(buffer, seed=seed)
+        if buffer > 1:  # one pass over an endless stream: no reshuffle to draw
+            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=False)
     num_classes = source.num_classes
 
     # The map functions hold no Python control flow on tensors: no AutoGraph.
@@ -165,6 +168,30 @@ def _batched(
     if pad_to_batch:
         dataset = padding.pad_batches(dataset, batch_size)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def _epochs(one_epoch, key, repeat):
+    """`one_epoch(seed)` for epoch 0, 1, ... (endless with `repeat`, else
+    epoch 0 alone), each epoch's seed drawn from `key` and its number.
+
+    tf.data's own per-epoch reshuffle (`reshuffle_each_iteration=True`)
+    draws from one seed state that every iterator of the dataset shares,
+    and Keras' `fit` reads a first batch through an iterator it then drops:
+    the order a run trained in depended on how far that iterator had
+    prefetched. Here every iterator reads the same stream.
+    """
+    epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+
+    def epoch(number):
+        # `Dataset.shuffle` compares a tensor seed with 0 in Python (graph
+        # seed 0 after `tf.random.set_seed(0)` fails there); this sets the
+        # seed of this function's graph only.
+        tf.random.set_seed(1)
+        epoch_key = tf.random.experimental.stateless_fold_in(key, number)
+        # minval=maxval=None: the full int64 range.
+        return one_epoch(tf.random.stateless_uniform([], epoch_key, minval=None, maxval=None, dtype=tf.int64))
+
+    return epochs.flat_map(epoch)
 
 
 def pretrain_pipeline(

@@ -42,11 +42,12 @@ class DataSource:
         class_names: tuple of str (index = label), or None.
         decode: function from `image` to a uint8 `(H, W, 3)` tensor.
         name: str used in messages.
-        shuffled: optional function `seed -> tf.data.Dataset`: the same
-            examples with the files read in a random order, a new one on
-            every iteration (image folders: a full shuffle of the file
-            names; tfds: `shuffle_files` with a seeded `ReadConfig`).
-            Training pipelines read through it. None: files in `dataset`
+        shuffled: optional function `seed -> tf.data.Dataset`: one pass
+            over the same examples with the files read in a random order
+            that `seed` (an int64 scalar tensor) determines (image folders:
+            a full shuffle of the file names; tfds: `shuffle_files` with a
+            seeded `ReadConfig`). Training pipelines read each epoch
+            through it, with a seed of its own. None: files in `dataset`
             order.
         skipped: files left out as unreadable
             (`from_directory(..., skip_bad_images=True)`).
@@ -164,9 +165,9 @@ def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instruc
 def tfds_reader(builder, split, decoders):
     """`read(seed=None, shuffle=False)` -> `builder.as_dataset(split)`.
 
-    With `shuffle`, tfds reads the shard files in a seeded random order, a
-    new one each iteration, as vit_jax and big_vision read training data
-    (`shuffle_files=True`). tfds' own cache is off for it: a cache would
+    With `shuffle`, tfds reads the shard files in the random order `seed`
+    gives, as vit_jax and big_vision read training data
+    (`shuffle_files=True`; the pipelines give each epoch its own seed). tfds' own cache is off for it: a cache would
     replay the first order (the pipelines cache themselves).
     """
     tfds = _import_tfds()
@@ -177,7 +178,8 @@ def tfds_reader(builder, split, decoders):
             # An ordered dataset (`disable_shuffling=True`: class by class,
             # say) refuses shuffled reads unless its ordering guard is off;
             # training wants exactly that shuffle.
-            read_config = tfds.ReadConfig(shuffle_seed=seed, try_autocache=False, enable_ordering_guard=False)
+            read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False,
+                                          try_autocache=False, enable_ordering_guard=False)
         return builder.as_dataset(
             split=split, decoders=decoders, shuffle_files=shuffle, read_config=read_config
         )
@@ -432,7 +434,7 @@ def from_directory(
         # A full shuffle of the file names (cheap: strings), before any
         # file is read; sorted folders would otherwise give batches of one
         # class from a shuffle buffer smaller than the folder.
-        order = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+        order = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=False)
         return order.map(read, num_parallel_calls=tf.data.AUTOTUNE)
 
     return DataSource(
