@@ -171,6 +171,7 @@ def tfds_reader(builder, split, decoders):
     replay the first order (the pipelines cache themselves).
     """
     tfds = _import_tfds()
+    _check_split_files(builder, split)
 
     def read(seed=None, shuffle=False):
         read_config = None
@@ -185,6 +186,25 @@ def tfds_reader(builder, split, decoders):
         )
 
     return read
+
+
+def _check_split_files(builder, split):
+    """A data_dir copied in part (`is_prepared()` reads only its info
+    files) fails here, naming the missing shard files, not in the middle of
+    `fit`. One listing of the folder (`gs://` included), not one call per
+    file."""
+    try:
+        wanted = {os.path.basename(os.fspath(f.filename)) for f in builder.info.splits[split].file_instructions}
+    except Exception:  # a split string tfds cannot resolve: `as_dataset` names it
+        return
+    missing = sorted(wanted - set(tf.io.gfile.listdir(os.fspath(builder.data_dir))))
+    if missing:
+        raise DatasetNotAvailableError(
+            f"Dataset {builder.name!r} in {builder.data_dir} lacks {len(missing)} of the {len(wanted)} files of "
+            f"split {split!r} ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}): a copy in part? "
+            "Copy the missing files, or delete the folder and prepare the dataset again (download=True). "
+            f"Received: split={split!r}"
+        )
 
 
 def split_size(builder, split):

@@ -2,6 +2,8 @@
 
 import dataclasses
 import os
+import re
+import shutil
 
 import keras
 import numpy as np
@@ -1123,12 +1125,34 @@ class KerasVitShardedTiny(tfds.core.GeneratorBasedBuilder):
 
 
 @pytest.fixture(scope="module")
-def sharded_tfds(tmp_path_factory):
+def sharded_tfds_dir(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("tfds_sharded")
     builder = tfds.builder("keras_vit_sharded_tiny", data_dir=data_dir)
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(num_shards=SHARDS))
     assert builder.info.splits["train"].shard_lengths == [SHARD_SIZE] * SHARDS
-    return keras_vit.data.from_tfds("keras_vit_sharded_tiny", "train", data_dir=data_dir, download=False)
+    return data_dir
+
+
+@pytest.fixture(scope="module")
+def sharded_tfds(sharded_tfds_dir):
+    return keras_vit.data.from_tfds("keras_vit_sharded_tiny", "train", data_dir=sharded_tfds_dir, download=False)
+
+
+@pytest.mark.one_backend
+def test_a_data_dir_copied_in_part_names_the_missing_files(sharded_tfds_dir, tmp_path):
+    """tfds' `is_prepared()` reads the info files only: a data_dir copied
+    without some shard files passed, and training stopped inside `fit` with
+    a traceback from the iterator (NotFoundError)."""
+    missing = "keras_vit_sharded_tiny-train.tfrecord-00003-of-00008"
+    shutil.copytree(sharded_tfds_dir, tmp_path, dirs_exist_ok=True, ignore=shutil.ignore_patterns(missing))
+    for split in ("train", "train[25%:50%]"):  # shard 3 holds examples 90-119
+        with pytest.raises(keras_vit.data.DatasetNotAvailableError, match=(
+                rf"lacks 1 of the \d files of split '{re.escape(split)}' \({missing}\): a copy in part\? Copy the "
+                r"missing files, or delete the folder and prepare the dataset again \(download=True\)")):
+            keras_vit.data.from_tfds("keras_vit_sharded_tiny", split, data_dir=tmp_path, download=False)
+    # The splits the copy holds whole still read.
+    source = keras_vit.data.from_tfds("keras_vit_sharded_tiny", "train[:25%]", data_dir=tmp_path, download=False)
+    assert sum(1 for _ in source.dataset) == 60
 
 
 def _uncached_epochs(source, seed, epochs=2):
