@@ -111,7 +111,11 @@ def train(config, run_dir, setup, *, header=(), callbacks=(), save=True):
                               "of steps: pass --total_steps. Received: --total_steps=0")
         config = config.replace(
             total_steps=checks.steps_from_epochs(config.epochs, data.train_examples, config.batch_size))
-        checks.check_schedule(config)
+        try:
+            checks.check_schedule(config)
+        except RecipeError as error:  # the flag given, and the steps it came to
+            raise RecipeError(f"--epochs={config.epochs:g} of {data.train_examples:,} examples at --batch_size="
+                              f"{config.batch_size} is {config.total_steps:,} updates: {error}") from None
     accum, total = config.accum_steps, config.total_steps
     log_every = checks.log_interval(config.log_every, total)
     # Checkpoints land at epoch ends, where `fit(initial_epoch=...)` resumes.

@@ -1204,6 +1204,13 @@ def test_image_folder_problems_are_one_line_or_skipped(tmp_path, capsys):
     err = _error(finetune.main, [*common[:1], f"--dataset={one_class}", *common[2:], f"--run_dir={tmp_path / 'r0'}"],
                  capsys)
     assert "a classifier needs two classes or more; 'train' has 1" in err, err
+    # --epochs: the flag given, and the updates it came to (the message
+    # named --total_steps=2 alone, a value nobody passed).
+    err = _error(finetune.main, [*common, "--total_steps=0", "--epochs=0.5", "--warmup_steps=2", "--batch_size=2",
+                                 "--accum_steps=1", "--eval_batch_size=2",
+                                 f"--run_dir={tmp_path / 'r4'}"], capsys)
+    assert err.startswith("error: --epochs=0.5 of 8 examples at --batch_size=2 is 2 updates: --total_steps=2, "
+                          "--warmup_steps=2: `total_steps` must be larger than `warmup_steps`"), err
     (data_dir / "train" / "a" / "broken.jpg").write_bytes(b"<html>not an image</html>")
     err = _error(finetune.main, [*common, f"--run_dir={tmp_path / 'r2'}"], capsys)
     assert "broken.jpg" in err and "pass --skip_bad_images=true" in err, err  # the flag, not the library's argument
