@@ -101,7 +101,7 @@ def read_json(path):
 def _live_holders(run_dir):
     """Other live processes holding a run's lock or a `BackupAndResume`
     lock anywhere in `run_dir` (sub-runs and sweeps included)."""
-    from keras_vit.training import locks
+    from keras_vit import locks
 
     found = []
     for directory, _, files in os.walk(run_dir):
@@ -129,7 +129,7 @@ def claim(run_dir, overwrite=False):
     """Opens `run_dir` for one recipe run in this process (see the module's
     docstring); with `overwrite`, an earlier run there is deleted first.
     The lock is released when the block ends."""
-    from keras_vit.training import locks
+    from keras_vit import locks
 
     if os.path.lexists(run_dir) and not os.path.isdir(run_dir):
         raise RecipeError(

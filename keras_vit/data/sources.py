@@ -7,14 +7,18 @@
 `keras_vit.data.pipelines` turn into batches.
 """
 
+import contextlib
 import dataclasses
+import logging
 import os
+import random
 import warnings
 from typing import Callable, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from keras_vit import locks
 from keras_vit.data import _checks
 from keras_vit.data import ops
 
@@ -148,18 +152,47 @@ def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instruc
         )
         if not download:
             raise DatasetNotAvailableError(message)
+    with _one_preparation(builder):
+        if builder.is_prepared():  # by another process while this one waited
+            return tfds.builder(name, data_dir=data_dir)
+        try:
+            builder.download_and_prepare(
+                download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
+            )
+        except Exception as e:  # Network errors, missing manual files, ...
+            # The cause first: a missing package or a full disk is not fixed by
+            # the network advice that follows.
+            raise DatasetNotAvailableError(
+                f"Preparing dataset {name!r} in {builder.data_dir} failed: "
+                f"{type(e).__name__}: {e}\n{message}"
+            ) from e
+        return builder
+
+
+@contextlib.contextmanager
+def _one_preparation(builder):
+    """tfds has no lock: processes that prepared one dataset at once (two
+    recipe runs on first use) raced to rename their folders, and tfds names
+    its temporary folder with Python's `random`, which
+    `keras.utils.set_random_seed` seeds alike in every run of a command, so
+    they wrote into one folder. Here one process prepares (a lock next to a
+    local dataset folder) while the others wait, and that name is drawn from
+    a fresh state (the run's own is put back: the run draws the same after
+    a preparation as without)."""
+    data_dir = os.fspath(builder.data_dir)
+
+    def say_wait(holder):
+        logging.getLogger("keras_vit").warning(
+            f"Waiting for {holder}, which prepares {builder.name!r} in {data_dir} ...")
+
+    lock = contextlib.nullcontext() if "://" in data_dir else locks.waiting(data_dir + ".lock", say_wait)
+    state = random.getstate()
+    random.seed()
     try:
-        builder.download_and_prepare(
-            download_config=tfds.download.DownloadConfig(manual_dir=manual_dir)
-        )
-    except Exception as e:  # Network errors, missing manual files, ...
-        # The cause first: a missing package or a full disk is not fixed by
-        # the network advice that follows.
-        raise DatasetNotAvailableError(
-            f"Preparing dataset {name!r} in {builder.data_dir} failed: "
-            f"{type(e).__name__}: {e}\n{message}"
-        ) from e
-    return builder
+        with lock:
+            yield
+    finally:
+        random.setstate(state)
 
 
 def tfds_reader(builder, split, decoders):
@@ -167,8 +200,9 @@ def tfds_reader(builder, split, decoders):
 
     With `shuffle`, tfds reads the shard files in the random order `seed`
     gives, as vit_jax and big_vision read training data
-    (`shuffle_files=True`; the pipelines give each epoch its own seed). tfds' own cache is off for it: a cache would
-    replay the first order (the pipelines cache themselves).
+    (`shuffle_files=True`; the pipelines give each epoch its own seed).
+    tfds' own cache is off for it: a cache would replay the first order (the
+    pipelines cache themselves).
     """
     tfds = _import_tfds()
     _check_split_files(builder, split)

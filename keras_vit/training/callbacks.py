@@ -12,8 +12,8 @@ import keras
 import numpy as np
 
 from keras_vit import distribute
+from keras_vit import locks
 from keras_vit.layers.utils import SEED_STATE, is_int
-from keras_vit.training import locks
 
 _POINTER = "checkpoint.json"
 _LOCK = "backup.lock"
@@ -896,7 +896,7 @@ def _check_stored_step(model, path, step):
 
 def _acquire_lock(directory):
     """An exclusive OS lock on `directory`/backup.lock, held while `fit`
-    runs (`keras_vit.training.locks`)."""
+    runs (`keras_vit.locks`)."""
     holder = locks.acquire(os.path.join(directory, _LOCK))
     if holder is not None:
         raise RuntimeError(

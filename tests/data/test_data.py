@@ -2,8 +2,12 @@
 
 import dataclasses
 import os
+import random
 import re
 import shutil
+import subprocess
+import sys
+import time
 
 import keras
 import numpy as np
@@ -17,6 +21,7 @@ from keras_vit.data import ops
 from keras_vit.data import padding
 from keras_vit.data import pipelines
 from keras_vit.data import sources
+from tests.helpers import ROOT
 
 # Base colour per class; images are the colour plus noise in [-25, 25], so a
 # crop's mean colour tells the class whatever the crop and flip.
@@ -1019,6 +1024,56 @@ class KerasVitSortedTiny(tfds.core.GeneratorBasedBuilder):
         for i in range(n):
             label = i * NUM_SORTED_CLASSES // n
             yield i, {"image": np.full((8, 8, 3), 20 * label, np.uint8), "label": label if labelled else -1}
+
+
+class KerasVitSlowTiny(tfds.core.GeneratorBasedBuilder):
+    """20 examples, 0.1 s each: two preparations started together overlap."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "Test data."}
+
+    def _info(self):
+        return self.dataset_info_from_configs(features=tfds.features.FeaturesDict({
+            "image": tfds.features.Image(shape=(2, 2, 3)), "label": tfds.features.ClassLabel(num_classes=2)}))
+
+    def _split_generators(self, dl_manager):
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        for i in range(20):
+            time.sleep(0.1)
+            yield i, {"image": np.full((2, 2, 3), i, np.uint8), "label": i % 2}
+
+
+def _prepare_when_told(data_dir, go):
+    """One of the processes of the test below: Python's `random` seeded as
+    `keras.utils.set_random_seed` does in every run of a command."""
+    random.seed(0)
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    source = keras_vit.data.from_tfds("keras_vit_slow_tiny", "train", data_dir=data_dir)
+    print(sum(1 for _ in source.dataset), random.random())
+
+
+@pytest.mark.one_backend
+def test_two_processes_preparing_one_dataset_at_once(tmp_path):
+    """Two first-use runs preparing one dataset at once wrote into one
+    temporary folder (tfds names it with Python's `random`, seeded alike in
+    both) and raced to rename it. One prepares while the other waits; the
+    run's `random` stream is as without a preparation."""
+    go = tmp_path / "go"
+    code = f"from tests.data.test_data import _prepare_when_told; _prepare_when_told({str(tmp_path)!r}, {str(go)!r})"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    time.sleep(1)
+    go.touch()
+    outputs = [run.communicate(timeout=240) for run in runs]
+    for run, (out, err) in zip(runs, outputs):
+        assert run.returncode == 0, err[-3000:]
+        assert out.splitlines()[-1].split() == ["20", str(random.Random(0).random())], (out, err[-3000:])
+    assert any("Waiting for pid" in err for _, err in outputs), [err[-2000:] for _, err in outputs]
+    assert sorted(p.name for p in (tmp_path / "keras_vit_slow_tiny").iterdir()) == ["1.0.0", "1.0.0.lock"]
 
 
 class KerasVitBrokenPrepare(tfds.core.GeneratorBasedBuilder):

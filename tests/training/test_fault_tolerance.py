@@ -586,7 +586,7 @@ def test_locks_on_a_file_system_without_flock(tmp_path, monkeypatch):
     import errno
     import fcntl
 
-    from keras_vit.training import locks
+    from keras_vit import locks
 
     def no_flock(*args):
         raise OSError(errno.ENOLCK, "No locks available")

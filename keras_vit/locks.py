@@ -1,7 +1,8 @@
 """One process at a time: exclusive OS locks on files.
 
 `BackupAndResume` locks its backup directory while `fit` runs; the recipes
-lock their run directory for the whole run. The lock is `flock` on a file:
+lock their run directory for the whole run; a tfds dataset is prepared by
+one process while others wait (`keras_vit.data.sources.tfds_builder`). The lock is `flock` on a file:
 the OS releases it when the process ends, even by SIGKILL, so a killed run
 leaves no stale lock. The file holds its holder (`pid N on HOST`) for the
 error message of the process that is refused. Where `fcntl` is missing
@@ -9,6 +10,7 @@ error message of the process that is refused. Where `fcntl` is missing
 mounts), there is no lock.
 """
 
+import contextlib
 import errno
 import os
 import socket
@@ -85,3 +87,32 @@ def holder(path):
             return handle.read().strip() or "unknown"
         fcntl.flock(handle, fcntl.LOCK_UN)
     return None
+
+
+@contextlib.contextmanager
+def waiting(path, on_wait=None):
+    """Holds the lock of the file `path` (created if missing) for the
+    block, first waiting for another process to release it:
+    `on_wait(holder)` is called once before a wait. No lock where `flock`
+    is missing, as in `acquire`."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a+", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                if on_wait is not None:
+                    handle.seek(0)
+                    on_wait(handle.read().strip() or "unknown")
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            # else a file system without `flock`: no lock
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        handle.flush()
+        yield
