@@ -37,6 +37,7 @@ import logging
 import os
 import shlex
 import shutil
+import socket
 import stat
 import tempfile
 
@@ -53,6 +54,10 @@ except ImportError:  # Windows
 logger = logging.getLogger("keras_vit")
 
 CACHE_SUBDIR = os.path.join("models", "keras_vit")
+# Seconds a download may go without data: `keras.utils.get_file` (urllib)
+# has no timeout of its own and waited forever on a server that stopped
+# sending.
+STALL_TIMEOUT_S = 60
 
 
 class InvalidFileError(ValueError):
@@ -237,9 +242,7 @@ def _download(origin, directory, name, validate, needs_length=False):
     try:
         # Into a fresh directory of ours, so `get_file` neither reuses nor
         # falls back to anything else.
-        fresh = keras.utils.get_file(
-            fname=name, origin=origin, cache_dir=partial, cache_subdir=""
-        )
+        fresh = _get_file_or_stall(name, origin, partial)
         if expected is not None and os.path.getsize(fresh) != expected:
             raise InvalidFileError(
                 f"The file downloaded from {origin} has {os.path.getsize(fresh):,} bytes, the server "
@@ -257,6 +260,32 @@ def _download(origin, directory, name, validate, needs_length=False):
         os.replace(fresh, path)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def _get_file_or_stall(name, origin, directory):
+    """`keras.utils.get_file` into `directory`, with `STALL_TIMEOUT_S` on
+    every socket operation (urllib's only hook is the process-wide default,
+    set for the download unless the program set its own)."""
+    import urllib.error
+
+    previous = socket.getdefaulttimeout()
+    if previous is None:
+        socket.setdefaulttimeout(STALL_TIMEOUT_S)
+    try:
+        return keras.utils.get_file(fname=name, origin=origin, cache_dir=directory, cache_subdir="")
+    except Exception as error:
+        # Mid-transfer urllib raises TimeoutError; before the answer,
+        # `get_file` turns urllib's URLError into a bare Exception.
+        cause = error.__context__ if isinstance(error.__context__, urllib.error.URLError) else error
+        if isinstance(cause, TimeoutError) or isinstance(getattr(cause, "reason", None), TimeoutError):
+            raise OSError(
+                f"The download of {origin} stalled: no data for {socket.getdefaulttimeout():g} s. Nothing was "
+                "cached; call again to retry."
+            ) from None
+        raise
+    finally:
+        if previous is None:
+            socket.setdefaulttimeout(None)
 
 
 def _write_record(path, digest):

@@ -11,6 +11,7 @@ import pathlib
 import re
 import shutil
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -786,6 +787,8 @@ class Bucket:
                     return
                 if fault == "html":
                     data = b"<!DOCTYPE html><html><body>Quota exceeded</body></html>"
+                if fault == "silent":  # no answer for a while
+                    time.sleep(2)
                 self.send_response(200)
                 if fault == "truncated":  # No length, closed half-way (HTTP/1.0).
                     self.end_headers()
@@ -797,6 +800,12 @@ class Bucket:
                     return
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if fault == "stall":  # half the file, then nothing for a while
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    time.sleep(2)
+                    self.wfile.write(data[len(data) // 2 :])
+                    return
                 for i in range(0, len(data), 4096):
                     self.wfile.write(data[i : i + 4096])
                     time.sleep(bucket.chunk_delay)
@@ -987,6 +996,24 @@ def test_broken_download_is_never_cached(bucket, tmp_path, fault, match):
     del bucket.faults[BUCKET_PATH]
     assert fetch_into(model) == str(cached_path(tmp_path))
     assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("fault", ["silent", "stall"])
+def test_a_stalled_download_times_out_and_is_never_cached(bucket, tmp_path, monkeypatch, fault):
+    """`keras.utils.get_file` has no timeout: a server that did not answer,
+    or stopped sending half-way, held the process forever."""
+    monkeypatch.setattr(cache, "STALL_TIMEOUT_S", 0.5, raising=False)
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    bucket.faults[BUCKET_PATH] = fault
+    with pytest.raises(OSError, match=rf"^The download of {bucket.url}/{BUCKET_PATH} stalled: no data for 0.5 s. "
+                                      "Nothing was cached; call again to retry.$"):
+        fetch_into(model)
+    assert socket.getdefaulttimeout() is None  # the process' default is put back
+    assert sorted(p.name for p in cached_path(tmp_path).parent.iterdir()) == ["augreg__tiny.npz.lock"]
+    del bucket.faults[BUCKET_PATH]
+    assert fetch_into(model) == str(cached_path(tmp_path))
 
 
 @pytest.mark.one_backend
