@@ -1,10 +1,10 @@
 """One process at a time: exclusive OS locks on files.
 
 `BackupAndResume` locks its backup directory while `fit` runs; the recipes
-lock their run directory for the whole run; a tfds dataset is prepared by
-one process while others wait (`keras_vit.data.sources.tfds_builder`). The lock is `flock` on a file:
-the OS releases it when the process ends, even by SIGKILL, so a killed run
-leaves no stale lock. The file holds its holder (`pid N on HOST`) for the
+lock their run directory for the whole run; one process prepares a tfds
+dataset while others wait (`keras_vit.data.sources.tfds_builder`). The lock
+is `flock` on a file: the OS releases it when the process ends, even by
+SIGKILL, so a killed run leaves no stale lock. The file holds its holder (`pid N on HOST`) for the
 error message of the process that is refused. Where `fcntl` is missing
 (Windows), or the file system has no `flock` (some network and FUSE
 mounts), there is no lock.
@@ -48,12 +48,16 @@ def acquire(path):
         holder = handle.read().strip() or "unknown"
         handle.close()
         return holder
+    _write_holder(handle)
+    _HELD[key] = handle
+    return None
+
+
+def _write_holder(handle):
     handle.seek(0)
     handle.truncate()
     handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
     handle.flush()
-    _HELD[key] = handle
-    return None
 
 
 def release(path):
@@ -111,8 +115,5 @@ def waiting(path, on_wait=None):
                     on_wait(handle.read().strip() or "unknown")
                 fcntl.flock(handle, fcntl.LOCK_EX)
             # else a file system without `flock`: no lock
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-        handle.flush()
+        _write_holder(handle)
         yield
