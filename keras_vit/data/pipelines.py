@@ -131,21 +131,21 @@ def _batched(
         # cached split every epoch instead. The buffer holds references to
         # the cached tensors, not copies.
         examples = source.dataset.cache()
-        dataset = _epochs(lambda epoch_seed: examples.shuffle(n, seed=epoch_seed), order_key, repeat)
+        dataset = _epochs(lambda seed: examples.shuffle(n, seed=seed), _epoch_seeds(order_key, repeat), n)
     elif training and source.shuffled is not None:
         if cached:  # size unknown: the cache replays the first epoch's order
-            dataset = _epochs(source.shuffled, order_key, repeat=False).cache()
+            dataset = _epochs(source.shuffled, _epoch_seeds(order_key, True).take(1), n).cache()
             dataset = dataset.repeat() if repeat else dataset
         else:
-            dataset = _epochs(source.shuffled, order_key, repeat)
+            dataset = _epochs(source.shuffled, _epoch_seeds(order_key, repeat), n)
     else:
         dataset = source.dataset.cache() if cached else source.dataset
         dataset = dataset.repeat() if repeat else dataset
     if training:
         _checks.integer(shuffle_buffer, "shuffle_buffer")
         buffer = min(shuffle_buffer, n) if n else shuffle_buffer
-        if buffer > 1:  # one pass over an endless stream: no reshuffle to draw
-            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=False)
+        if buffer > 1:  # an endless stream is read once per iterator: the same order for every one
+            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=not repeat)
     num_classes = source.num_classes
 
     # The map functions hold no Python control flow on tensors: no AutoGraph.
@@ -170,28 +170,47 @@ def _batched(
     return dataset.prefetch(tf.data.AUTOTUNE)
 
 
-def _epochs(one_epoch, key, repeat):
-    """`one_epoch(seed)` for epoch 0, 1, ... (endless with `repeat`, else
-    epoch 0 alone), each epoch's seed drawn from `key` and its number.
+def _epoch_seeds(key, repeat):
+    """The seed of each epoch of a training pipeline.
 
-    tf.data's own per-epoch reshuffle (`reshuffle_each_iteration=True`)
-    draws from one seed state that every iterator of the dataset shares,
-    and Keras' `fit` reads a first batch through an iterator it then drops:
-    the order a run trained in depended on how far that iterator had
-    prefetched. Here every iterator reads the same stream.
+    With `repeat`, drawn from `key` and the epoch's number: every iterator
+    reads the same stream. (tf.data's own per-epoch reshuffle,
+    `reshuffle_each_iteration=True`, draws from one seed state that all
+    iterators of a dataset share, and Keras' `fit` reads a first batch
+    through an iterator it then drops: the order a run trained in depended
+    on how far that iterator had prefetched.) Without, one epoch per
+    iteration (`fit(epochs=...)` iterates such a dataset once per epoch),
+    a new seed each time from a state all iterators share, as tf.data's.
     """
-    epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+    if repeat:
+        fold_in = tf.random.experimental.stateless_fold_in
+        return tf.data.Dataset.counter().map(lambda number: _draw(fold_in(key, number)))
+    return tf.data.Dataset.random(seed=_draw(key), rerandomize_each_iteration=True).take(1)
 
-    def epoch(number):
-        # `Dataset.shuffle` compares a tensor seed with 0 in Python (graph
-        # seed 0 after `tf.random.set_seed(0)` fails there); this sets the
-        # seed of this function's graph only.
-        tf.random.set_seed(1)
-        epoch_key = tf.random.experimental.stateless_fold_in(key, number)
-        # minval=maxval=None: the full int64 range.
-        return one_epoch(tf.random.stateless_uniform([], epoch_key, minval=None, maxval=None, dtype=tf.int64))
 
-    return epochs.flat_map(epoch)
+def _draw(key):
+    """A seed for `Dataset.shuffle`: an int64 over the full range."""
+    return tf.random.stateless_uniform([], key, minval=None, maxval=None, dtype=tf.int64)
+
+
+def _epochs(one_epoch, seeds, num_examples):
+    """`one_epoch(seed)` for each seed of `seeds`, one after the other."""
+
+    @tf.autograph.experimental.do_not_convert  # no AutoGraph inside tfds' reader
+    def seeded_epoch(seed):
+        if not tf.executing_eagerly():  # tf.data's debug mode runs this eagerly
+            # `Dataset.shuffle` compares a tensor seed with 0 in Python
+            # (graph seed 0 after `tf.random.set_seed(0)` fails there);
+            # this sets the seed of this function's graph only.
+            tf.random.set_seed(1)
+        return one_epoch(seed)
+
+    epochs = seeds.flat_map(seeded_epoch)
+    # flat_map cannot tell the length; `len()` and progress bars can.
+    count = int(seeds.cardinality())
+    if count == tf.data.INFINITE_CARDINALITY:
+        return epochs.apply(tf.data.experimental.assert_cardinality(count))
+    return epochs.apply(tf.data.experimental.assert_cardinality(count * num_examples)) if num_examples else epochs
 
 
 def pretrain_pipeline(

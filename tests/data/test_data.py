@@ -1052,6 +1052,9 @@ def _prepare_when_told(data_dir, go):
     while not os.path.exists(go):
         time.sleep(0.02)
     source = keras_vit.data.from_tfds("keras_vit_slow_tiny", "train", data_dir=data_dir)
+    # Each epoch's tfds reader is built inside a tf.data function (without
+    # AutoGraph, which walked into tfds' `as_dataset` and warned).
+    next(iter(keras_vit.data.finetune_pipeline(source, training=True, batch_size=4, image_size=2, cache=False, seed=0)))
     print(sum(1 for _ in source.dataset), random.random())
 
 
@@ -1073,6 +1076,7 @@ def test_two_processes_preparing_one_dataset_at_once(tmp_path):
         assert run.returncode == 0, err[-3000:]
         assert out.splitlines()[-1].split() == ["20", str(random.Random(0).random())], (out, err[-3000:])
     assert any("Waiting for pid" in err for _, err in outputs), [err[-2000:] for _, err in outputs]
+    assert not [err for _, err in outputs if "AutoGraph" in err], [err[-2000:] for _, err in outputs]
     assert sorted(p.name for p in (tmp_path / "keras_vit_slow_tiny").iterdir()) == ["1.0.0", "1.0.0.lock"]
 
 
@@ -1245,6 +1249,48 @@ def test_every_iterator_reads_the_same_stream(sorted_folder, sharded_tfds, kind)
     ids(dropped, 8)  # four epochs read, then dropped
     del dropped
     assert ids(iter(ds)) == fresh
+    assert ds.cardinality() == tf.data.INFINITE_CARDINALITY
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("kind", ["cached", "folder", "tfds"])
+def test_a_training_pipeline_without_repeat_gives_a_new_order_every_pass(sorted_folder, sharded_tfds, kind):
+    """`repeat=False`: `fit(epochs=...)` reads one pass per epoch, each
+    through a new iterator; each pass in its own order, with its length
+    known (`len()`, progress bars)."""
+    source = sharded_tfds if kind == "tfds" else keras_vit.data.from_directory(sorted_folder)
+    n = source.num_examples
+    ds = keras_vit.data.finetune_pipeline(
+        source, training=True, batch_size=n // 4, image_size=2, augmentation="resize", flip=False,
+        shuffle_buffer=1, cache=kind == "cached", repeat=False, seed=3,
+    )
+    assert len(ds) == 4
+    passes = [np.concatenate([np.round(x.numpy()[:, 0, 0, 0] * 127.5 + 127.5) for x, _ in ds]) for _ in range(3)]
+    assert all(sorted(p) == sorted(passes[0]) and len(set(p)) == n for p in passes)  # each example once
+    assert len({tuple(p) for p in passes}) == 3
+
+
+@pytest.mark.one_backend
+def test_building_a_pipeline_in_tf_data_debug_mode_keeps_the_global_seed():
+    """Debug mode runs tf.data's functions eagerly: a seed meant for the
+    function's own graph became the process' global seed (a process of its
+    own: debug mode cannot be switched off)."""
+    code = (
+        "import numpy as np, tensorflow as tf, keras_vit.data\n"
+        "from tensorflow.python.eager import context\n"
+        "tf.data.experimental.enable_debug_mode()\n"
+        "tf.random.set_seed(42)\n"
+        "source = keras_vit.data.DataSource(tf.data.Dataset.from_tensor_slices({'image': np.zeros((6, 2, 2, 3), "
+        "np.uint8), 'label': np.arange(6) % 2}), num_classes=2, num_examples=6)\n"
+        "ds = keras_vit.data.finetune_pipeline(source, training=True, batch_size=2, image_size=2, shuffle_buffer=1, "
+        "seed=0)\n"
+        "labels = [y.numpy().argmax(-1).tolist() for _, y in ds.take(6)]\n"
+        "assert sorted(sum(labels[:3], [])) == [0, 0, 0, 1, 1, 1], labels\n"
+        "print(context.global_seed())\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT)))
+    assert run.returncode == 0 and run.stdout.split() == ["42"], (run.stdout, run.stderr[-3000:])
 
 
 def _shard_order(ids):
