@@ -118,8 +118,9 @@ def _batched(
     if training and seed is None:  # `keras_vit.distribute` refuses a later multi-host start
         global unseeded_training_pipelines
         unseeded_training_pipelines += 1
-    # One key per stream (examples, batches), folded with the position.
-    # Evaluation draws nothing: no key, and no draw from the global generator.
+    # One key per stream (examples, batches, epoch orders), folded with the
+    # position (the epoch's number). Evaluation draws nothing: no key, and
+    # no draw from the global generator.
     example_key, batch_key, order_key = tf.unstack(ops.split_seed(seed, 3)) if training else (None,) * 3
     n = source.num_examples
     cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
@@ -131,7 +132,7 @@ def _batched(
         # cached split every epoch instead. The buffer holds references to
         # the cached tensors, not copies.
         examples = source.dataset.cache()
-        dataset = _epochs(lambda seed: examples.shuffle(n, seed=seed), _epoch_seeds(order_key, repeat), n)
+        dataset = _epochs(lambda epoch_seed: examples.shuffle(n, seed=epoch_seed), _epoch_seeds(order_key, repeat), n)
     elif training and source.shuffled is not None:
         if cached:  # size unknown: the cache replays the first epoch's order
             dataset = _epochs(source.shuffled, _epoch_seeds(order_key, True).take(1), n).cache()
