@@ -5,6 +5,8 @@ import keras
 from keras import ops
 
 from keras_vit.anatomy import anatomy
+from keras_vit.anatomy import get_layer
+from keras_vit.layers.utils import is_int
 from keras_vit.layers.utils import patch_grid
 
 
@@ -33,6 +35,14 @@ class PatchGrid(keras.layers.Layer):
 
     def call(self, tokens, images):
         rows, cols = patch_grid(images, self.stride)
+        count = tokens.shape[1]
+        if is_int(count) and is_int(rows) and is_int(cols) and count != self.num_prefix_tokens + rows * cols:
+            # A reshape to (-1, rows, cols, D) would fold the mismatch into the batch.
+            raise ValueError(
+                f"{count} tokens are not {self.num_prefix_tokens} prefix tokens and a {rows}x{cols} grid of "
+                f"images of {tuple(images.shape[1:3])} px at stride {self.stride}: `images` must be the images the "
+                f"tokens were computed from. Received: tokens of shape {tuple(tokens.shape)}"
+            )
         width = tokens.shape[-1] if tokens.shape[-1] is not None else ops.shape(tokens)[-1]
         return ops.reshape(tokens[:, self.num_prefix_tokens:], (-1, rows, cols, width))
 
@@ -57,5 +67,8 @@ def feature_maps(model):
             "`feature_maps` reads the token sequence: build the model with include_top=False, pooling=None. "
             f"Received: model {model.name!r} with output shape {tuple(model.output.shape)}"
         )
-    grid = PatchGrid(parts.num_prefix_tokens, parts.patch_size, name="feature_maps")(model.output, model.inputs[0])
+    # The images the builder took (an `input_tensor` may follow a crop or a
+    # resize), not the model's own input.
+    images = get_layer(model, "image_size_check").input
+    grid = PatchGrid(parts.num_prefix_tokens, parts.patch_size, name="feature_maps")(model.output, images)
     return keras.Model(model.inputs[0], grid, name=f"{model.name}_feature_maps")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from tests.helpers import MODEL_KINDS, random_images, randomize_weights, tiny_model
+from tests.helpers import MODEL_KINDS, TINY_WIDTHS, random_images, randomize_weights, tiny_model
 
 
 @pytest.mark.parametrize("kind", ["plain", "registers", "root_only", "fc_norm"])
@@ -37,3 +37,26 @@ def test_feature_maps_are_the_patch_tokens_as_a_grid(kind, tmp_path):
 def test_feature_maps_need_the_token_sequence():
     with pytest.raises(ValueError, match="include_top=False, pooling=None"):
         keras_vit.feature_maps(tiny_model("plain"))
+
+
+def test_feature_maps_of_a_model_built_on_resized_images(tmp_path):
+    """`input_tensor` after a resize: the grid came from the model's own
+    64-px input (8x8, not 4x4), and the reshape folded the difference into
+    the batch: 4 images gave 1 map, without an error."""
+    inputs = keras.Input((64, 64, 3))
+    model = randomize_weights(keras_vit.ViT(
+        None, **{**TINY_WIDTHS, "patch_size": 8}, input_tensor=keras.layers.Resizing(32, 32)(inputs),
+        include_top=False))
+    images = np.random.default_rng(0).uniform(-1, 1, (4, 64, 64, 3)).astype("float32")
+    maps = keras_vit.feature_maps(model)
+    grid = maps.predict(images, verbose=0)
+    tokens = model.predict(images, verbose=0)
+    assert grid.shape == (4, 4, 4, 16)
+    np.testing.assert_array_equal(grid, tokens[:, 1:].reshape(grid.shape))
+    maps.save(tmp_path / "maps.keras")
+    np.testing.assert_allclose(keras.saving.load_model(tmp_path / "maps.keras").predict(images, verbose=0), grid,
+                               atol=1e-6)
+    # Tokens and images that do not match are refused, not reshaped.
+    with pytest.raises(ValueError, match=r"17 tokens are not 1 prefix tokens and a 8x8 grid of images of \(64, 64\) "
+                                         r"px at stride \(8, 8\)"):
+        keras_vit.features.PatchGrid(1, (8, 8))(tokens, images)
