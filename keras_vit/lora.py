@@ -102,8 +102,7 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
                 layer.enable_lora(rank, lora_alpha=alpha)
     # Keras makes each adapted kernel non-trainable; everything else but
     # the adapters and the head is frozen here.
-    head = _head_layer(model)
-    head_variables = {id(v) for v in head.weights} if head is not None else set()
+    kept = {id(v) for v in _saved_variables(model)}
     # Every layer trainable again (a frozen backbone's too), then the
     # variables frozen one by one. False first: on TensorFlow, assigning
     # the value an attribute already holds does not run the setter, which
@@ -111,7 +110,7 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     model.trainable = False
     model.trainable = True
     for variable in model.weights:
-        if not (_is_adapter(variable) or id(variable) in head_variables):
+        if id(variable) not in kept:
             variable.trainable = False
     return model
 
@@ -135,6 +134,16 @@ def merge_lora(model):
     return merged
 
 
+def _saved_variables(model):
+    """What `save_lora` writes and `load_lora` reads: the adapters and the
+    head, chosen by name, not by their trainable flags (a `freeze_backbone`
+    or `model.trainable = False` after `enable_lora` left the adapters
+    out of the file)."""
+    head = _head_layer(model)
+    head_variables = {id(v) for v in head.weights} if head is not None else set()
+    return [v for v in model.weights if _is_adapter(v) or id(v) in head_variables]
+
+
 def _lora_config(model):
     layers = lora_layers(model)
     return {"format": _FORMAT, "rank": layers[0].lora_rank, "alpha": layers[0].lora_alpha,
@@ -148,7 +157,7 @@ def save_lora(model, path):
     file (`keras_vit.weights.npz.write_npz`)."""
     if not lora_layers(model):
         raise ValueError(f"Model {model.name!r} has no LoRA adapters to save (see `enable_lora`).")
-    arrays = {v.path: keras.ops.convert_to_numpy(v) for v in model.trainable_weights}
+    arrays = {v.path: keras.ops.convert_to_numpy(v) for v in _saved_variables(model)}
     arrays["lora_config"] = np.array(json.dumps(_lora_config(model)))
     return write_npz(path, arrays)
 
@@ -178,7 +187,7 @@ def load_lora(model, path):
         if saved.get(key) != mine[key]:
             raise ValueError(f"{path} holds adapters with {key}={saved.get(key)!r}; this model has "
                              f"{key}={mine[key]!r}. Received: path={path!r}")
-    variables = {v.path: v for v in model.trainable_weights}
+    variables = {v.path: v for v in _saved_variables(model)}
     if set(arrays) != set(variables):
         missing, extra = sorted(set(variables) - set(arrays)), sorted(set(arrays) - set(variables))
         raise ValueError(f"{path} does not fit this model: missing {missing[:3]}, unexpected {extra[:3]}. "

@@ -206,6 +206,19 @@ def test_lora_trains_the_adapters_and_the_head_only(tmp_path):
     fresh = keras_vit.enable_lora(_model(False), rank=2)
     np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_vit.load_lora(fresh, path)(x)), adapted,
                                rtol=1e-6, atol=1e-6)
+    # The same file whatever is trainable: a backbone frozen after training
+    # (docs/training.md) or the whole model (the adapters were left out, and
+    # a frozen target refused a sound file).
+    keras_vit.freeze_backbone(model)
+    model.trainable = False
+    with np.load(path) as trained, np.load(keras_vit.save_lora(model, str(tmp_path / "frozen.npz"))) as frozen:
+        assert sorted(frozen.files) == sorted(trained.files) and len(frozen.files) == len(adapters) + 3
+        for key in trained.files:
+            np.testing.assert_array_equal(frozen[key], trained[key], err_msg=key)
+    fresh = keras_vit.enable_lora(_model(False), rank=2)
+    fresh.trainable = False
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_vit.load_lora(fresh, path)(x)), adapted,
+                               rtol=1e-6, atol=1e-6)
 
 
 def _forward(weights, x):
