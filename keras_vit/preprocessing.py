@@ -60,8 +60,10 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
     The original input pipelines normalise this way
     (google-research/vision_transformer, `input_pipeline.py`); every
     released checkpoint expects it. Accepts numpy arrays or tensors, NHWC.
-    uint8 input gives the original's float32 values bit for bit, eager or
-    compiled, on every backend; float input is computed with the same
+    uint8 input, and float input holding whole numbers in [0, 255] (a
+    uint8 image cast to float, as a functional model's float input casts
+    it), give the original's float32 values bit for bit, eager or compiled,
+    on every backend; other float values are computed with the same
     formula (a compiler may round it one ulp differently).
     """
     pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
@@ -77,5 +79,16 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
         return (ops.cast(images, "float32") / np.float32(255.0) - mean) / std
     dtype = getattr(images, "dtype", None)
     if dtype is not None and backend.standardize_dtype(dtype) == "uint8":
-        return ops.take(_UINT8_TABLE, ops.cast(images, "int32"))
-    return scale_pixels(ops.cast(images, "float32"))
+        return _lookup(ops.cast(images, "int32"))
+    images = ops.cast(images, "float32")
+    # Clipped again as ints: NaN casts to any int (a gather out of range).
+    levels = ops.clip(ops.cast(ops.clip(images, 0.0, 255.0), "int32"), 0, 255)
+    whole = ops.equal(images, ops.cast(levels, "float32"))
+    return ops.where(whole, _lookup(levels), scale_pixels(images))
+
+
+def _lookup(levels):
+    """`_UINT8_TABLE[levels]`, as an embedding lookup: Keras' PyTorch `take`
+    of a 1-D table flattens the indices with `ravel`, which PyTorch's ONNX
+    export lacks."""
+    return ops.take(_UINT8_TABLE[:, None], levels, axis=0)[..., 0]

@@ -390,6 +390,25 @@ def test_preprocess_input():
         keras_vit.preprocess_input(np.zeros((1, 2, 2, 1), "uint8"), (0.5,) * 3, (0.2,) * 3)
 
 
+def test_whole_number_floats_preprocess_as_uint8_bit_for_bit():
+    """A model with `include_preprocessing` has a float32 input, which casts
+    uint8 images: the layer computed the formula, which XLA rounds one ulp
+    off the original on 126 of the 256 levels (JAX eager and compiled,
+    TensorFlow's `predict`)."""
+    levels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1).repeat(3, -1)
+    expected = keras.ops.convert_to_numpy(keras_vit.preprocess_input(levels))
+    np.testing.assert_array_equal(expected[0, :, :, 0].ravel(), (np.arange(256, dtype=np.float32) - 127.5) / 127.5)
+    model = keras_vit.ViT(None, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8, patch_size=4,
+                          input_shape=(16, 16, 3), include_preprocessing=True)
+    layer = keras.Model(model.input, model.get_layer("preprocess_input").output)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(levels)), expected)
+    np.testing.assert_array_equal(layer.predict(levels.astype("float32"), verbose=0), expected)
+    # Other values: the formula.
+    other = np.array([0.5, 127.25, -3.0, 300.0, np.nan], np.float32)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_vit.preprocess_input(other)), (other - 127.5) / 127.5,
+                               rtol=1e-6)
+
+
 @pytest.mark.large
 def test_full_size_b16_forward_pass_is_finite():
     model = keras_vit.ViTB16()
