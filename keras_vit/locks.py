@@ -94,26 +94,40 @@ def holder(path):
 
 
 @contextlib.contextmanager
-def waiting(path, on_wait=None):
-    """Holds the lock of the file `path` (created if missing) for the
-    block, first waiting for another process to release it:
-    `on_wait(holder)` is called once before a wait. No lock where `flock`
-    is missing, as in `acquire`."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
+def waiting(path, on_wait=None, record_holder=False):
+    """Holds an exclusive lock on the file `path` (created if missing, mode
+    0o600) for the block, first waiting for another process to release it;
+    the OS releases it when the holder exits, even when killed. The file
+    itself stays (removing it would let two processes lock two different
+    files). `on_wait(holder)` is called once before a wait, with the
+    holder's line where holders record one (`record_holder`). On Windows,
+    `msvcrt`'s lock; on a file system without `flock`, none."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "a+", encoding="utf-8") as handle:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                if on_wait is not None:
-                    handle.seek(0)
-                    on_wait(handle.read().strip() or "unknown")
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            # else a file system without `flock`: no lock
-        _write_holder(handle)
+            import fcntl
+        except ImportError:  # Windows
+            import msvcrt
+
+            while True:
+                try:
+                    msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+                    break
+                except OSError:  # LK_LOCK gives up after 10 s.
+                    continue
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    if on_wait is not None:
+                        on_wait(os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process")
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                # else a file system without `flock`: no lock
+        if record_holder:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         yield
+    finally:
+        os.close(fd)

@@ -43,13 +43,8 @@ import tempfile
 
 import keras
 
+from keras_vit import locks
 from keras_vit.weights import registry
-
-try:
-    import fcntl
-except ImportError:  # Windows
-    fcntl = None
-    import msvcrt
 
 logger = logging.getLogger("keras_vit")
 
@@ -300,26 +295,7 @@ def _write_record(path, digest):
         raise
 
 
-@contextlib.contextmanager
 def _locked(lock_path):
-    """An exclusive lock on `lock_path` between processes; released when the
-    holder exits, even when killed. The lock file itself stays (removing it
-    would let two processes lock two different files)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        if fcntl is not None:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                logger.info("Waiting for another process to finish with %s.", lock_path)
-                fcntl.flock(fd, fcntl.LOCK_EX)
-        else:
-            while True:
-                try:
-                    msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
-                    break
-                except OSError:  # LK_LOCK gives up after 10 s.
-                    continue
-        yield
-    finally:
-        os.close(fd)
+    """An exclusive lock on `lock_path` between processes (`keras_vit.locks`)."""
+    return locks.waiting(
+        lock_path, lambda holder: logger.info("Waiting for another process to finish with %s.", lock_path))
