@@ -33,9 +33,11 @@ _FIELDS = {
     "optimizer": (dict, type(None)), "seed_states": list,
     "global_seed_state": (list, type(None)), "torch_rng_states": (list, type(None)),
 }
-# Fields a checkpoint of an older keras_vit may lack: `backend` (the Keras
-# backend that wrote it) was added without a format change.
-_OPTIONAL_FIELDS = {"backend": str, "lora": str}
+# Fields a checkpoint of an older keras_vit may lack, added without a format
+# change: `backend` (the Keras backend that wrote it), `steps_per_execution`
+# (batches per compiled call; older ones counted the batches of such calls
+# one short on Keras < 3.11, see `on_train_batch_end`).
+_OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int}
 
 
 class CheckpointWriteError(OSError):
@@ -120,6 +122,7 @@ class BackupAndResume(keras.callbacks.Callback):
     def _reset_run_state(self):
         self._epoch = 0
         self._batches_in_epoch = 0
+        self._call_begins_at = 0
         self._since_save = 0
         self._skip_until = 0  # batches of the resumed epoch to skip
         self._resume_epoch = None
@@ -248,6 +251,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "global_seed_state": _global_seed_state(),
             "torch_rng_states": distribute.backend_rng_state(),
             "backend": keras.backend.backend(),
+            "steps_per_execution": _per_call(model),
             **({"lora": _lora_file(weights)} if lora else {}),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
@@ -290,7 +294,7 @@ class BackupAndResume(keras.callbacks.Callback):
         return epoch
 
     def on_train_begin(self, logs=None):
-        per_call, steps = getattr(self.model, "steps_per_execution", 1) or 1, self.params.get("steps")
+        per_call, steps = _per_call(self.model), self.params.get("steps")
         if per_call > 1 and steps and steps % per_call:
             warnings.warn(
                 f"steps_per_epoch={steps} is not a multiple of steps_per_execution={per_call}: Keras runs whole "
@@ -348,6 +352,21 @@ class BackupAndResume(keras.callbacks.Callback):
             return 0, 0
         model = self.model
         self._check_same_run(metadata, model)
+        epoch, batch = metadata["epoch"], metadata["batch"]
+        if metadata["steps_per_epoch"] is not None and batch >= metadata["steps_per_epoch"]:
+            epoch, batch = epoch + 1, 0
+        per_call = _per_call(model)
+        if set_initial_epoch and batch % per_call and "steps_per_execution" in metadata:
+            # The skip consumes whole executions: past the saved batch it
+            # would drop batches never trained on and end the run short.
+            # (Older checkpoints counted executions differently on Keras
+            # 3.10, and their skip lands right: not checked.)
+            raise ValueError(
+                f"The checkpoint in {self.backup_dir} was written after batch {batch} of epoch {epoch} (with "
+                f"steps_per_execution={metadata['steps_per_execution']}), not a whole number of executions of "
+                f"{per_call} batches: resumed, the run would skip batches it never trained on. Compile with "
+                f"steps_per_execution={metadata['steps_per_execution']} (or one dividing {batch}) to resume. "
+                f"Nothing was loaded. Received: steps_per_execution={per_call}")
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         _load_checked_step(model, os.path.join(self.backup_dir, metadata["weights"]), metadata["step"])
@@ -360,9 +379,6 @@ class BackupAndResume(keras.callbacks.Callback):
         self._torch_rng_pending = metadata["torch_rng_states"]
         self.resumed_from = metadata
         self._last_saved = metadata
-        epoch, batch = metadata["epoch"], metadata["batch"]
-        if metadata["steps_per_epoch"] is not None and batch >= metadata["steps_per_epoch"]:
-            epoch, batch = epoch + 1, 0
         if set_initial_epoch:
             _set_initial_epoch(model, epoch)
             self._initial_epoch_set = True
@@ -426,7 +442,7 @@ class BackupAndResume(keras.callbacks.Callback):
             )
         self._original_train_function = original
         backend = keras.backend.backend()
-        per_call = getattr(model, "steps_per_execution", 1) or 1
+        per_call = _per_call(model)
 
         def skip(*args):
             if not self._skipping():
@@ -457,6 +473,7 @@ class BackupAndResume(keras.callbacks.Callback):
         self._batches_in_epoch = 0
 
     def on_train_batch_begin(self, batch, logs=None):
+        self._call_begins_at = batch  # the call's first batch, on every Keras version
         if self._skipping():
             return
         self._unwrap()
@@ -467,13 +484,16 @@ class BackupAndResume(keras.callbacks.Callback):
             self._save()
 
     def on_train_batch_end(self, batch, logs=None):
-        # With steps_per_execution > 1 each call covers several batches.
+        # With steps_per_execution > 1 each call covers several batches, and
+        # Keras says the call's last (3.11 and later) or first (3.10) here:
+        # counted from the first, which `on_train_batch_begin` gets on both.
         skipped = self._skipping()
         # Keras runs whole executions: with 7 steps per epoch and 2 per
-        # execution the last call says batch 7 (8 done). The epoch is then
+        # execution the last call ends at batch 7 (8 done). The epoch is then
         # complete; recording 8 made a checkpoint that resume refused.
         steps = self.params.get("steps")
-        done = min(batch + 1, steps) if steps else batch + 1
+        done = self._call_begins_at + _per_call(self.model)
+        done = min(done, steps) if steps else done
         new = done - self._batches_in_epoch if done > self._batches_in_epoch else done
         self._batches_in_epoch = done
         if skipped:
@@ -544,6 +564,11 @@ class BackupAndResume(keras.callbacks.Callback):
 
 
 # --- What the checkpoint records -------------------------------------------
+
+
+def _per_call(model):
+    """Batches per compiled call (`compile(steps_per_execution=...)`)."""
+    return getattr(model, "steps_per_execution", 1) or 1
 
 
 def _run_signature(model):
@@ -714,8 +739,8 @@ def _validate(metadata, path):
     for key in ("step", "epoch", "batch"):
         if metadata[key] < 0:
             fail(f"`{key}` must be >= 0. Received: {key}={metadata[key]}")
-    for key in ("steps_per_epoch", "epochs"):
-        if metadata[key] is not None and metadata[key] <= 0:
+    for key in ("steps_per_epoch", "epochs", "steps_per_execution"):
+        if metadata.get(key) is not None and metadata[key] <= 0:
             fail(f"`{key}` must be positive. Received: {key}={metadata[key]}")
     steps = metadata["steps_per_epoch"]
     if steps is not None and metadata["batch"] > steps:

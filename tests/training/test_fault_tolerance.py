@@ -621,6 +621,59 @@ def test_an_execution_past_the_epoch_end_still_resumes(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="Keras' PyTorch trainer has no steps_per_execution")
+def test_a_mid_epoch_checkpoint_resumes_only_with_whole_executions(tmp_path):
+    """Saved after batch 3 with one batch per call and resumed with two, the
+    skip read batches 0-3 (one never trained on) and the run ended an update
+    short without a word. Keras 3.10 names a call's first batch where 3.11
+    names its last: two batches per call counted as one fewer there."""
+    import tensorflow as tf
+
+    batches = tf.data.Dataset.from_tensor_slices((SMALL_X, SMALL_Y)).batch(2).repeat()
+
+    class Crash(keras.callbacks.Callback):
+        def __init__(self, at):
+            super().__init__()
+            self.at = at
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == self.at:
+                raise RuntimeError("crash")
+
+    def run(directory, per_call, *callbacks):
+        model = _small_model(optimizer="sgd")
+        model.compile(optimizer="sgd", loss=keras.losses.CategoricalCrossentropy(from_logits=True),
+                      steps_per_execution=per_call)
+        model.fit(batches, steps_per_epoch=6, epochs=1, verbose=0, shuffle=False,
+                  callbacks=[training.BackupAndResume(directory, save_freq=per_call), *callbacks])
+        return model
+
+    uninterrupted = run(tmp_path / "whole", 1)
+    directory = tmp_path / "backup"
+    with pytest.raises(RuntimeError, match="crash"):
+        run(directory, 1, Crash(at=3))
+    pointer = json.loads((directory / "checkpoint.json").read_text())
+    assert (pointer["batch"], pointer["step"], pointer["steps_per_execution"]) == (3, 3, 1)
+    files = {name: (directory / name).read_bytes() for name in os.listdir(directory) if name != "backup.lock"}
+    with pytest.raises(ValueError, match=r"written after batch 3 of epoch 0 \(with steps_per_execution=1\), not a "
+                                         r"whole number of executions of 2 batches: .* Compile with "
+                                         r"steps_per_execution=1 \(or one dividing 3\).* Received: "
+                                         r"steps_per_execution=2"):
+        run(directory, 2)
+    assert {name: (directory / name).read_bytes() for name in files} == files
+    resumed = run(directory, 3)  # one whole call of 3 skipped
+    assert int(keras.ops.convert_to_numpy(resumed.optimizer.iterations)) == 6
+    for a, b in zip(resumed.get_weights(), uninterrupted.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    # Two batches per call, stopped at the third call: 4 batches trained and recorded.
+    pairs = tmp_path / "pairs"
+    with pytest.raises(RuntimeError, match="crash"):
+        run(pairs, 2, Crash(at=4))
+    pointer = json.loads((pairs / "checkpoint.json").read_text())
+    assert (pointer["batch"], pointer["step"], pointer["steps_per_execution"]) == (4, 4, 2)
+
+
 def test_saves_within_one_accumulated_update_never_overwrite_the_pointers_file(tmp_path):
     """With 2 micro-batches per update and a save after each batch, two saves
     share an update's step: the second overwrote the weights file the
