@@ -35,8 +35,8 @@ _FIELDS = {
 }
 # Fields a checkpoint of an older keras_vit may lack, added without a format
 # change: `backend` (the Keras backend that wrote it), `steps_per_execution`
-# (batches per compiled call; older ones counted the batches of such calls
-# one short on Keras < 3.11, see `on_train_batch_end`).
+# (batches per compiled call; older ones counted such calls' batches short
+# on Keras 3.10, see `on_train_batch_end`).
 _OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int}
 
 
@@ -485,7 +485,7 @@ class BackupAndResume(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         # With steps_per_execution > 1 each call covers several batches, and
-        # Keras says the call's last (3.11 and later) or first (3.10) here:
+        # Keras says the call's last (newer versions) or first (3.10) here:
         # counted from the first, which `on_train_batch_begin` gets on both.
         skipped = self._skipping()
         # Keras runs whole executions: with 7 steps per epoch and 2 per
