@@ -5,7 +5,7 @@ the real thing rather than a transcription of it.
 Needs flax and a checkout of google-research/vision_transformer (its
 `vit_jax` package; nothing of it is copied here):
 
-    pip install flax ml-collections pandas scipy tqdm
+    pip install flax ml-collections packaging pandas scipy tqdm
     python tools/make_flax_reference.py --vit_jax_dir=DIR --vit_jax_commit=SHA
 
 For each case: `<case>.npz`, the parameters as the original's checkpoints
@@ -70,12 +70,9 @@ def config_dict(options):
     import ml_collections
 
     options = dict(options)
-    config = ml_collections.ConfigDict({
+    return ml_collections.ConfigDict({
         "patches": {"size": options.pop("patches")}, "transformer": dict(TRANSFORMER), **options,
     })
-    if config.get("resnet") is None:
-        config.resnet = None
-    return config
 
 
 def main():

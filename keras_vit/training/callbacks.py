@@ -117,6 +117,7 @@ class BackupAndResume(keras.callbacks.Callback):
         self.save_freq = save_freq if save_freq == "epoch" else int(save_freq)
         self.stop_on_nan = bool(stop_on_nan)
         self.delete_on_finish = bool(delete_on_finish)
+        self._batches_per_call = 1  # set by each `fit` (`on_train_begin`)
         self._reset_run_state()
 
     def _reset_run_state(self):
@@ -295,6 +296,9 @@ class BackupAndResume(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         per_call, steps = _per_call(self.model), self.params.get("steps")
+        # Read once: `self.model` syncs the whole training state on JAX, too
+        # costly for every batch.
+        self._batches_per_call = per_call
         if per_call > 1 and steps and steps % per_call:
             warnings.warn(
                 f"steps_per_epoch={steps} is not a multiple of steps_per_execution={per_call}: Keras runs whole "
@@ -492,7 +496,7 @@ class BackupAndResume(keras.callbacks.Callback):
         # execution the last call ends at batch 7 (8 done). The epoch is then
         # complete; recording 8 made a checkpoint that resume refused.
         steps = self.params.get("steps")
-        done = self._call_begins_at + _per_call(self.model)
+        done = self._call_begins_at + self._batches_per_call
         done = min(done, steps) if steps else done
         new = done - self._batches_in_epoch if done > self._batches_in_epoch else done
         self._batches_in_epoch = done

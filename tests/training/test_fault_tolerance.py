@@ -625,8 +625,8 @@ def test_an_execution_past_the_epoch_end_still_resumes(tmp_path):
 def test_a_mid_epoch_checkpoint_resumes_only_with_whole_executions(tmp_path):
     """Saved after batch 3 with one batch per call and resumed with two, the
     skip read batches 0-3 (one never trained on) and the run ended an update
-    short without a word. Keras 3.10 names a call's first batch where 3.11
-    names its last: two batches per call counted as one fewer there."""
+    short without a word. Keras 3.10 names a call's first batch where newer
+    versions name its last: two batches per call counted as one fewer there."""
     import tensorflow as tf
 
     batches = tf.data.Dataset.from_tensor_slices((SMALL_X, SMALL_Y)).batch(2).repeat()
