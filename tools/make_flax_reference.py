@@ -109,7 +109,8 @@ def main():
                       resized_pos_embedding=np.asarray(params["Transformer"]["posembed_input"]["pos_embedding"]))
         np.savez(os.path.join(OUT, f"{case}.io.npz"), **io)
         print(case, {k: v.shape for k, v in io.items()})
-    versions = {"vision_transformer": args.vit_jax_commit, "flax": flax.__version__, "jax": jax.__version__, "numpy": np.__version__}
+    versions = {"vision_transformer": args.vit_jax_commit, "flax": flax.__version__, "jax": jax.__version__,
+                "numpy": np.__version__}
     with open(os.path.join(OUT, "versions.json"), "w") as f:
         json.dump(versions, f, indent=1)
         f.write("\n")

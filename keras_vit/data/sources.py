@@ -185,7 +185,8 @@ def _one_preparation(builder):
         logging.getLogger("keras_vit").warning(
             f"Waiting for {holder}, which prepares {builder.name!r} in {data_dir} ...")
 
-    lock = contextlib.nullcontext() if "://" in data_dir else locks.waiting(data_dir + ".lock", say_wait, record_holder=True)
+    lock = (contextlib.nullcontext() if "://" in data_dir else
+            locks.waiting(data_dir + ".lock", say_wait, record_holder=True))
     state = random.getstate()
     random.seed()
     try:
