@@ -8,6 +8,7 @@ from keras_vit.anatomy import anatomy
 from keras_vit.anatomy import get_layer
 from keras_vit.layers.utils import is_int
 from keras_vit.layers.utils import patch_grid
+from keras_vit.models.vit_model import ViTModel
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -71,4 +72,4 @@ def feature_maps(model):
     # resize), not the model's own input.
     images = get_layer(model, "image_size_check").input
     grid = PatchGrid(parts.num_prefix_tokens, parts.patch_size, name="feature_maps")(model.output, images)
-    return keras.Model(model.inputs[0], grid, name=f"{model.name}_feature_maps")
+    return ViTModel(model.inputs[0], grid, name=f"{model.name}_feature_maps")

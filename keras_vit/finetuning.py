@@ -7,6 +7,7 @@ import keras
 
 from keras_vit import distribute
 from keras_vit.layers.utils import positive_int
+from keras_vit.models.vit_model import ViTModel
 
 
 def _head(model):
@@ -73,7 +74,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
     # One input stays one tensor (not a list of one), as `ViT` builds it, so
     # calling the model with an array gives no structure warning.
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-    return keras.Model(inputs, outputs, name=model.name)
+    return ViTModel(inputs, outputs, name=model.name)
 
 
 def freeze_backbone(model):

@@ -41,7 +41,7 @@ PY312_BACKENDS="jax tensorflow"
 # tests need the newest tools (TensorBoard, timm, scikit-learn, onnx).
 # Full-size models (marker `large`) are left out there: their subject is
 # size, and the tiny configs run the same code at the floor.
-LOWEST_TESTS="tests/models/test_models.py tests/test_anatomy.py tests/layers/test_layers.py tests/weights/test_weights.py tests/weights/test_flax_reference.py
+LOWEST_TESTS="tests/models/test_models.py tests/models/test_vit_model.py tests/test_anatomy.py tests/layers/test_layers.py tests/weights/test_weights.py tests/weights/test_flax_reference.py
   tests/models/test_hybrid.py tests/data/test_data.py tests/data/test_vtab_tasks.py tests/test_big_models.py
   tests/training/test_training.py tests/test_distribute.py tests/training/test_fault_tolerance.py tests/training/test_progress.py tests/test_features.py tests/test_dynamic_size.py"
 # Python 3.12: the library's and the recipes' tests (not the benchmarks',

@@ -14,6 +14,7 @@ import numpy as np
 from keras_vit.layers import ImageSizeCheck, TransformerEncoderBlock
 from keras_vit.layers.utils import is_int
 from keras_vit.anatomy import anatomy
+from keras_vit.models.vit_model import ViTModel
 
 
 def block_names(model):
@@ -127,13 +128,14 @@ def attention_model(model, blocks=None):
             x = block(x)
     inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
     outputs = {names[i]: scores[i] for i in chosen}
-    return keras.Model(inputs, outputs, name=f"{model.name}_attention")
+    return ViTModel(inputs, outputs, name=f"{model.name}_attention")
 
 
 def check_images(model, images):
     """`images` as a numpy array, checked against the model's input shape
-    before any step runs: on JAX, a Keras `predict` that fails in its first
-    step leaves the variables it shares with `model` empty."""
+    before any step runs, so that the error names `images` (a model the
+    user wrapped in a plain `keras.Model` would also lose its weights on
+    JAX to a failed `predict`; see `keras_vit.models.ViTModel`)."""
     images = keras.ops.convert_to_numpy(images)
     expected = tuple(model.inputs[0].shape[1:])  # None: any size (a dynamic-size model)
     if images.ndim != 4 or not len(images) or any(

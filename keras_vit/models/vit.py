@@ -7,6 +7,7 @@ from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
 from keras_vit.layers.utils import check_rate, is_int, is_real, normalize_pair, positive_int
 from keras_vit.models import resnet as resnet_lib
+from keras_vit.models.vit_model import ViTModel
 from keras_vit.weights import load_weights
 from keras_vit import variants
 
@@ -409,7 +410,7 @@ def ViT(
     model_inputs = (
         inputs if input_tensor is None else keras.utils.get_source_inputs(inputs)
     )
-    model = keras.Model(model_inputs, x, name=name)
+    model = ViTModel(model_inputs, x, name=name)
 
     if weights is not None:
         load_weights(
