@@ -72,30 +72,29 @@ def _assert_weights(model, expected):
         np.testing.assert_array_equal(actual, wanted, err_msg=variable.path)
 
 
-@pytest.mark.parametrize("call, good, error, run_eagerly", [
-    ("predict", 0, ValueError, False),
-    ("predict", 1, ValueError, False),
-    ("predict", 1, ValueError, True),
-    ("predict", 1, KeyboardInterrupt, False),
-    ("evaluate", 0, ValueError, False),
-    ("evaluate", 1, ValueError, False),
-    ("evaluate", 1, KeyboardInterrupt, True),
-], ids=["predict-first_batch", "predict-second_batch", "predict-eager", "predict-ctrl_c",
-        "evaluate-first_batch", "evaluate-second_batch", "evaluate-eager-ctrl_c"])
-def test_a_failed_predict_or_evaluate_keeps_the_weights(call, good, error, run_eagerly):
+# (call, good batches before the failure, error): the first batch refused,
+# a later one, Ctrl-C between steps.
+FAILURES = [(call, good, error) for call in ("predict", "evaluate")
+            for good, error in ((0, ValueError), (1, ValueError), (1, KeyboardInterrupt))]
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
+def test_a_failed_predict_or_evaluate_keeps_the_weights(run_eagerly):
+    # One model through every failure in turn: each must leave it as it was.
     model = _compiled(_model(dynamic=True), run_eagerly=run_eagerly)
     before = _weights(model)
     logits = model.predict(IMAGES, verbose=0)
-    with _raises(error):
-        if error is KeyboardInterrupt:
-            getattr(model, call)(*((IMAGES,) if call == "predict" else (IMAGES, LABELS)),
-                                 batch_size=1, verbose=0, callbacks=[CtrlC()])
-        elif call == "predict":
-            model.predict(_batches(good, labels=False), verbose=0)
-        else:
-            model.evaluate(_batches(good), verbose=0)
-    _assert_weights(model, before)
-    np.testing.assert_array_equal(model.predict(IMAGES, verbose=0), logits)
+    for call, good, error in FAILURES:
+        with _raises(error):
+            if error is KeyboardInterrupt:
+                getattr(model, call)(*((IMAGES,) if call == "predict" else (IMAGES, LABELS)),
+                                     batch_size=1, verbose=0, callbacks=[CtrlC()])
+            elif call == "predict":
+                model.predict(_batches(good, labels=False), verbose=0)
+            else:
+                model.evaluate(_batches(good), verbose=0)
+        _assert_weights(model, before)
+        np.testing.assert_array_equal(model.predict(IMAGES, verbose=0), logits, err_msg=f"after {call}, {error}")
 
 
 def test_a_refused_size_keeps_a_fixed_size_models_weights():
