@@ -10,6 +10,6 @@ from keras_vit.anatomy import ModelAnatomy, anatomy
 from keras_vit.models.vit import *  # noqa: F403
 from keras_vit.models.vit import __all__ as _builders
 from keras_vit.models.from_timm import from_timm
-from keras_vit.models.vit_model import KeepsWeightsOnError, ViTModel
+from keras_vit.models.vit_model import SurvivesFailedSteps, ViTModel
 
-__all__ = ["KeepsWeightsOnError", "ModelAnatomy", "ViTModel", "anatomy", "from_timm", "variants", *_builders]
+__all__ = ["ModelAnatomy", "SurvivesFailedSteps", "ViTModel", "anatomy", "from_timm", "variants", *_builders]

@@ -1,42 +1,57 @@
-"""The class of the models keras_vit builds: a functional model whose
-weights survive a step that raises."""
+"""The class of the models keras_vit builds: a functional model that
+survives a failed step."""
 
 import keras
 
 
-class KeepsWeightsOnError:
-    """Mixed into a `keras.Model`: its weights survive a step that raises.
+class SurvivesFailedSteps:
+    """Mixed into a `keras.Model`: a `fit`, `evaluate` or `predict` that
+    raises (an image of a refused size, a bad batch, a loader's error,
+    Ctrl-C) leaves the model as it was before the failed step, weights and
+    all, and ready for the next call.
 
-    It changes nothing but on JAX. Keras' JAX trainer takes the values out
-    of the model's variables while `fit`, `evaluate` and `predict` run (it
-    passes them through the compiled step as state, to hold one copy in
-    memory) and puts them back when the loop ends. `fit` does so in a
-    `finally`, from its last completed step (none if the first step
-    raised); `predict` and `evaluate` do not: after a step that raised (an
-    image of a refused size, a bad batch, Ctrl-C) the variables stayed
-    empty and the weights were lost, every later call failing with
-    `'NoneType' object is not callable`. Here each step (each of an
-    execution's `steps_per_execution`) puts the state it was given back
-    into the variables before its error propagates, and `predict` and
-    `evaluate` put back the last completed step's state after an error
-    between executions, as `fit` does. The state's
-    layout is the one Keras documents for a JAX `train_step`, `test_step`
-    and `predict_step`: trainable, non-trainable, optimizer and metrics
-    variables, in that order, as far as the step takes them.
+    Keras alone does not, in two ways:
+    - JAX: the trainer takes the values out of the model's variables while
+      a loop runs (it passes them through the compiled steps as state, to
+      hold one copy in memory) and puts them back when the loop ends.
+      `fit` does so in a `finally`, from its last completed step (none if
+      the first step raised); `predict` and `evaluate` do not. The
+      variables stayed empty and the weights were lost, every later call
+      failing with `'NoneType' object is not callable`. Here each
+      execution of `steps_per_execution` steps puts back the newest state
+      none of its steps has consumed, and `predict` and `evaluate` put
+      back the last completed step's state after an error between
+      executions, as `fit` does. The state's layout is the one Keras
+      documents for a JAX `train_step`, `test_step` and `predict_step`:
+      trainable, non-trainable, optimizer and metrics variables, in that
+      order, as far as the step takes them.
+    - TensorFlow: a `tf.function` whose first trace failed half-way cannot
+      create the variables it needs (metrics, optimizer slots) when called
+      again ("Creating variables on a non-first call to a function
+      decorated with tf.function"): `fit` and `evaluate` failed for good.
+      Here the failed call's functions are dropped, and the next call
+      traces new ones.
     """
 
-    def predict(self, *args, **kwargs):
+    def fit(self, *args, **kwargs):
         try:
-            return super().predict(*args, **kwargs)
+            return super().fit(*args, **kwargs)
         except BaseException:
-            _sync_back(self)
+            _recover(self, "train_function", "test_function")
             raise
 
     def evaluate(self, *args, **kwargs):
         try:
             return super().evaluate(*args, **kwargs)
         except BaseException:
-            _sync_back(self)
+            _recover(self, "test_function")
+            raise
+
+    def predict(self, *args, **kwargs):
+        try:
+            return super().predict(*args, **kwargs)
+        except BaseException:
+            _recover(self)  # (a tf.function of `predict` creates no variables)
             raise
 
     def _make_function(self, step_function, *args, **kwargs):
@@ -45,49 +60,63 @@ class KeepsWeightsOnError:
         # from the one-step `step_function`; only there is each step's
         # state at hand. (TensorFlow's trainer has a method of this name
         # too, left as it is.)
-        return super()._make_function(_keeping_weights(self, step_function), *args, **kwargs)
+        if keras.backend.backend() != "jax":
+            return super()._make_function(step_function, *args, **kwargs)
+        newest = []  # the newest state no step has consumed yet
+
+        def step(state, data):
+            outputs, state = step_function(state, data)
+            newest[:] = [state]
+            return outputs, state
+
+        execution = super()._make_function(step, *args, **kwargs)
+
+        def execution_keeping_weights(state, iterator):
+            newest[:] = [state]
+            try:
+                return execution(state, iterator)
+            except StopIteration:  # the data's end before this execution's first step
+                raise
+            except BaseException:
+                # In a step (the state it was given), reading a batch or
+                # joining the outputs (the last completed step's).
+                _put_back(self, newest[-1])
+                raise
+            finally:
+                newest.clear()
+
+        return execution_keeping_weights
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class ViTModel(KeepsWeightsOnError, keras.Model):
+class ViTModel(SurvivesFailedSteps, keras.Model):
     """The functional model every keras_vit builder returns: a `keras.Model`
-    built as `ViTModel(inputs, outputs, name=...)`, whose weights survive a
-    step that raises (`KeepsWeightsOnError`)."""
+    built as `ViTModel(inputs, outputs, name=...)` that survives a failed
+    step (`SurvivesFailedSteps`)."""
 
 
-def _keeping_weights(model, step):
-    """`step(state, data)`, putting `state` back into the model's variables
-    if it raises (JAX only; the other backends' steps take no state)."""
-    if keras.backend.backend() != "jax":
-        return step
-
-    def step_keeping_weights(state, data):
-        try:
-            return step(state, data)
-        except BaseException:
-            _put_back(model, state)
-            # The trainer keeps the last completed step's state to sync back
-            # later (`jax_state_sync`, which a callback's `self.model` calls);
-            # after a failed `predict` or `evaluate` that copy stays behind
-            # and would write stale weights over any set since. The
-            # variables hold the state now: drop the copy (private; pinned
-            # by tests/models/test_vit_model.py).
-            model._jax_state = None
-            raise
-
-    return step_keeping_weights
-
-
-def _sync_back(model):
-    """After an error between executions (in a callback: Ctrl-C while the
-    progress bar prints), the last completed step's state is the trainer's to put
-    back, as `fit` does in its `finally` (a step that raised has put back
-    its own, and left nothing to sync)."""
-    if keras.backend.backend() == "jax":
+def _recover(model, *functions):
+    """After a failed call: on JAX, the last completed step's state is the
+    trainer's to put back (an error between executions: in a callback,
+    Ctrl-C while the progress bar prints), as `fit` does in its `finally`,
+    and its copy goes, as there (private: `_jax_state`, see `_put_back`);
+    on TensorFlow, the call's traced functions go."""
+    backend = keras.backend.backend()
+    if backend == "jax":
         model.jax_state_sync()
+        model._jax_state = None
+    elif backend == "tensorflow":
+        for name in functions:
+            setattr(model, name, None)
 
 
 def _put_back(model, state):
+    """Assigns a step's `state` to the model's variables, and drops the
+    trainer's copy of the last completed step's state: it is synced back
+    later (`jax_state_sync`, which a callback's `self.model` calls), and
+    after a failed `predict` or `evaluate` it would write stale weights over
+    any set since (private; pinned by tests/models/test_vit_model.py)."""
+    model._jax_state = None
     # The state of a train step has 4 lists, of a test step 3 (no optimizer
     # variables), of a predict step 2.
     variable_lists = [model.trainable_variables, model.non_trainable_variables]
@@ -101,8 +130,7 @@ def _put_back(model, state):
         for variable, value in zip(variables, values)
     ]
     # A step that failed after it ran has consumed (donated) the arrays it
-    # was given: there is nothing left to put back, and the loop's own
-    # restore (fit's) is all there is.
+    # was given: there is nothing left to put back.
     if any(value.is_deleted() for _, value in pairs if hasattr(value, "is_deleted")):
         return
     for variable, value in pairs:

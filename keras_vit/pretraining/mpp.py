@@ -60,7 +60,7 @@ from keras_vit.layers.utils import positive_int
 from keras_vit.anatomy import anatomy
 from keras_vit.distribute import draw_for_global_batch
 from keras_vit.distribute import tf_replica_context
-from keras_vit.models.vit_model import KeepsWeightsOnError
+from keras_vit.models.vit_model import SurvivesFailedSteps
 
 TARGETS = ("mean_color", "downsampled", "pixels")
 QUANTIZATIONS = ("uint8", "uniform")
@@ -342,7 +342,7 @@ def corrupted_encoder(backbone, corruption):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class MaskedPatchPrediction(KeepsWeightsOnError, keras.Model):
+class MaskedPatchPrediction(SurvivesFailedSteps, keras.Model):
     """Masked patch prediction around a keras_vit encoder (paper Sec. 4.6).
 
     Train it with `compile(optimizer)` (no loss: the model computes its own)
