@@ -88,16 +88,12 @@ class CtrlC(keras.callbacks.Callback):
     on_test_batch_end = on_predict_batch_end
 
 
-def _weights(model):
-    return [keras.ops.convert_to_numpy(w) for w in model.weights]
-
-
 def _equal(model, expected):
-    return all(np.array_equal(a, b) for a, b in zip(_weights(model), expected))
+    return all(np.array_equal(a, b) for a, b in zip(model.get_weights(), expected))
 
 
 def _assert_weights(model, expected, atol=0.0):
-    for actual, wanted, variable in zip(_weights(model), expected, model.weights):
+    for actual, wanted, variable in zip(model.get_weights(), expected, model.weights):
         np.testing.assert_allclose(actual, wanted, rtol=0, atol=atol, err_msg=variable.path)
 
 
@@ -117,7 +113,7 @@ JAX_ONLY = pytest.mark.skipif(keras.backend.backend() != "jax", reason="an execu
 def test_a_failed_predict_or_evaluate_keeps_the_weights(run_eagerly, steps_per_execution):
     # One model through every failure in turn: each must leave it as it was.
     model = _compiled(_model(dynamic=True), run_eagerly=run_eagerly, steps_per_execution=steps_per_execution)
-    before = _weights(model)
+    before = model.get_weights()
     logits = model.predict(IMAGES, verbose=0)
     # From a twin: this model's first `evaluate` is a failure (TensorFlow's
     # first trace failing half-way).
@@ -147,7 +143,7 @@ def test_outputs_that_cannot_be_joined_keep_the_weights():
     # length, and joining them fails after both steps ran.
     model = keras_vit.ViT(None, patch_size=4, input_shape=(None, None, 3), include_top=False, **TINY_WIDTHS)
     model.compile(steps_per_execution=2)
-    before = _weights(model)
+    before = model.get_weights()
     with pytest.raises(Exception):
         model.predict(iter([(IMAGES[:2],), (np.zeros((2, 20, 20, 3), "float32"),)]), verbose=0)
     _assert_weights(model, before)
@@ -174,10 +170,10 @@ def test_a_failed_fit_keeps_the_last_completed_step_and_trains_on(steps_per_exec
     for good, error in [(0, "size"), (3, "size"), (3, "load")]:
         with _raises(error):
             model.fit(_batches(good, error=error), steps_per_epoch=good + 1, shuffle=False, verbose=0)
-        after_steps = [_weights(reference)]
+        after_steps = [reference.get_weights()]
         for images, labels in itertools.islice(_batches(good), good):
             reference.fit(images, labels, shuffle=False, verbose=0)
-            after_steps.append(_weights(reference))
+            after_steps.append(reference.get_weights())
         # All the good steps; one fewer where Keras (3.10, JAX) reads a
         # batch ahead of the step and meets a loader's error early.
         completed = good if error != "load" or _equal(model, after_steps[good]) else good - 1
@@ -186,7 +182,7 @@ def test_a_failed_fit_keeps_the_last_completed_step_and_trains_on(steps_per_exec
     for trained in (model, reference):
         trained.fit(IMAGES, LABELS, batch_size=2, shuffle=False, verbose=0)
     # (TensorFlow traces `model`'s step anew: float32 rounding may differ.)
-    _assert_weights(model, _weights(reference), atol=1e-6)
+    _assert_weights(model, reference.get_weights(), atol=1e-6)
 
 
 @pytest.mark.parametrize("first", ["size", "ctrl_c"])
@@ -202,7 +198,7 @@ def test_no_stale_state_is_written_back_after_a_failure(first):
             model.predict(IMAGES, batch_size=1, verbose=0, callbacks=[CtrlC()])
         else:
             model.predict(_batches(1, labels=False), verbose=0)
-    new = [w + 1.0 for w in _weights(model)]
+    new = [w + 1.0 for w in model.get_weights()]
     model.set_weights(new)
     with _raises("load"):
         model.predict(_failing_pipeline(labels=False), verbose=0)
@@ -229,7 +225,7 @@ def test_every_model_the_library_builds_keeps_its_weights(tmp_path):
     derived["reloaded"] = keras.saving.load_model(tmp_path / "model.keras")
     for name, built in derived.items():
         assert isinstance(built, ViTModel), name
-        before = _weights(built)
+        before = built.get_weights()
         with _raises():
             built.predict(np.zeros((1, BAD_SIZE, BAD_SIZE, 3), "float32"), verbose=0)
         _assert_weights(built, before)
@@ -241,7 +237,7 @@ def test_masked_patch_prediction_keeps_the_backbones_weights():
     model = MaskedPatchPrediction(backbone, seed=0)
     model.compile(optimizer=keras.optimizers.SGD(0.1))
     model.fit(IMAGES, batch_size=2, verbose=0)
-    before = _weights(backbone)
+    before = backbone.get_weights()
     with _raises():
         model.evaluate(_batches(1, labels=False), verbose=0)
     _assert_weights(backbone, before)
