@@ -10,6 +10,7 @@ from keras_vit.layers.utils import SEED_STATE
 from keras_vit.layers.utils import call_symbolically
 from keras_vit.layers.utils import check_rate
 from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import named_seed_generator
 from keras_vit.layers.utils import positive_int
 from keras_vit.layers.utils import freeze_sublayers_if_frozen
 
@@ -237,7 +238,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
         if not isinstance(remat, bool):
             raise ValueError(f"`remat` must be a bool. Received: remat={remat!r}")
         self.remat = remat
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.seed_generator = named_seed_generator(self, seed)
         self.supports_masking = True
 
     def build(self, input_shape):

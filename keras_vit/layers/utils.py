@@ -90,6 +90,16 @@ def freeze_sublayers_if_frozen(layer, sublayers):
 SEED_STATE = "seed_generator_state"
 
 
+def named_seed_generator(layer, seed):
+    """`keras.random.SeedGenerator(seed)` for `layer`, its state at
+    `<layer>/seed_generator/seed_generator_state`: the same path in every
+    model built alike. Keras' own default numbers generators in the order a
+    process makes them (`seed_generator_7/...`), so two equal models in one
+    process would differ, e.g. in PyTorch's `state_dict` keys."""
+    with keras.name_scope(layer.name):
+        return keras.random.SeedGenerator(seed, name="seed_generator")
+
+
 def call_symbolically(layer, shape):
     """Builds a sub-layer by calling it on a symbolic input of `shape`
     (`keras.KerasTensor`; attention gets it as query and value); returns the

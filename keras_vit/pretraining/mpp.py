@@ -56,6 +56,7 @@ from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import named_seed_generator
 from keras_vit.layers.utils import positive_int
 from keras_vit.anatomy import anatomy
 from keras_vit.distribute import draw_for_global_batch
@@ -232,7 +233,7 @@ class PatchCorruption(keras.layers.Layer):
             mask_initializer = keras.initializers.RandomNormal(stddev=0.02)
         self.mask_initializer = keras.initializers.get(mask_initializer)
         self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.seed_generator = named_seed_generator(self, seed)
 
     def num_corrupted(self, num_patches):
         """Patches corrupted per image out of `num_patches`."""

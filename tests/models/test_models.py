@@ -274,6 +274,27 @@ def test_every_model_kind_saves_and_loads_the_same(kind, tmp_path):
     assert_saving_round_trip(model, random_images(model, seed=3), tmp_path)
 
 
+def test_models_built_alike_name_their_variables_alike():
+    """Two models built alike in one process have the same variable paths,
+    the blocks' and masked patch prediction's random states included
+    (`encoderblock_1/seed_generator/...`, not Keras' process-wide
+    `seed_generator_7/...`): PyTorch's `state_dict` keys, layout maps and
+    checkpoints see the same names. (Keras' own `Dropout` layers, used for
+    `dropout_rate` > 0, still number theirs.)"""
+    from keras_vit.pretraining import MaskedPatchPrediction
+
+    def paths(model):
+        return [v.path for v in model.variables]
+
+    first, second = (tiny_model("registers", drop_path_rate=0.1) for _ in range(2))
+    assert paths(first) == paths(second)
+    assert [p for p in paths(first) if "seed_generator" in p] == [
+        "encoderblock_0/seed_generator/seed_generator_state", "encoderblock_1/seed_generator/seed_generator_state"]
+    first, second = (MaskedPatchPrediction(tiny_model("gap")) for _ in range(2))
+    assert paths(first) == paths(second)
+    assert "corruption/seed_generator/seed_generator_state" in paths(first)
+
+
 def test_the_original_format_refuses_the_options_it_cannot_hold(tmp_path):
     """Issue 24: an .npz of the original layout would load into the original
     architecture and silently compute something else."""
