@@ -112,6 +112,12 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     for variable in model.weights:
         if id(variable) not in kept:
             variable.trainable = False
+    # On PyTorch a Keras model lists its variables for `model.parameters()`
+    # and `state_dict()` once, when built: without a new list the adapters
+    # are missing there, and a torch optimizer would train the head alone
+    # (a private seam, docs/training.md).
+    if keras.backend.backend() == "torch":
+        model._track_variables()
     return model
 
 

@@ -221,6 +221,36 @@ def test_lora_trains_the_adapters_and_the_head_only(tmp_path):
                                rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's own parameter list and optimizers")
+def test_a_torch_optimizer_trains_the_lora_adapters():
+    """A plain PyTorch loop over `model.parameters()` after `enable_lora`
+    changes every trainable weight (the adapters and the head) and nothing
+    else, and `load_state_dict` (strict) gives a second model built alike in
+    the same process the same logits. Keras lists a torch model's
+    parameters once, when built: without `enable_lora` listing them again,
+    the adapters stayed out and only the head trained."""
+    import torch
+
+    x, y = _batch(8, seed=2)
+    model = keras_vit.enable_lora(_model(False, drop_path_rate=0.1), rank=2, targets=("query", "value", "mlp"))
+    parameters = {id(p) for p in model.parameters()}
+    assert [v.path for v in model.trainable_weights if id(v.value) not in parameters] == []
+    base = _numpy(model)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    for _ in range(3):  # B moves at the second step, A at the third (B starts at zero)
+        loss = torch.nn.functional.cross_entropy(model(x, training=True), torch.as_tensor(y))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    after = _numpy(model)
+    changed = sorted(path for path in base if not np.array_equal(after[path], base[path]))
+    assert changed == sorted([v.path for v in model.trainable_weights] + [
+        v.path for v in model.non_trainable_weights if "seed_generator" in v.path and "encoderblock_1" in v.path])
+    twin = keras_vit.enable_lora(_model(False, drop_path_rate=0.1, seed=4), rank=2, targets=("query", "value", "mlp"))
+    twin.load_state_dict(model.state_dict())
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(twin(x)), keras.ops.convert_to_numpy(model(x)))
+
+
 def _forward(weights, x):
     model = _model(False)
     for variable in model.weights:
