@@ -17,6 +17,20 @@ def _head(model):
         return None
 
 
+def check_head_trains(model, function):
+    """Refuses a head that `model.quantize(...)` made an integer or float8
+    layer: its kernel cannot train, and `function` (`freeze_backbone`,
+    `enable_lora`) promises a trainable head."""
+    head = _head(model)
+    mode = None if head is None else head.quantization_mode
+    if mode:
+        raise ValueError(
+            f"The head of model {model.name!r} is quantized ({mode}): its kernel does not train, and `{function}` "
+            "trains the head. Quantize the rest alone (`model.quantize(mode, filters=lambda layer: layer.name != "
+            "'head')`, in Keras versions with `filters=`) or give the quantized model a new head "
+            f"(`keras_vit.reset_head`). Received: head quantization_mode={mode!r}")
+
+
 def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=0.0):
     """Replaces the classification head with a zero-initialised one.
 
@@ -84,7 +98,9 @@ def freeze_backbone(model):
     (compile the model afterwards; Keras reads `trainable` at compile time).
 
     Args:
-        model: a keras_vit model with a head (e.g. from `reset_head`).
+        model: a keras_vit model with a float head (e.g. from `reset_head`;
+            a head that `model.quantize` made int8 cannot train, and is
+            refused).
 
     Returns:
         `model`, for chaining.
@@ -96,6 +112,7 @@ def freeze_backbone(model):
             "`model` has no layer named 'head' to keep trainable (build it with "
             f"include_top=True or call `reset_head` first). Received: model={model.name!r}"
         )
+    check_head_trains(model, "freeze_backbone")
     for layer in model.layers:
         layer.trainable = layer.name == "head"
     return model

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from keras_vit import distribute
+from keras_vit.finetuning import check_head_trains
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
 from keras_vit.layers.utils import is_real
 from keras_vit.weights.npz import write_npz
@@ -96,10 +97,15 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     if lora_layers(model):
         raise ValueError(f"LoRA is already enabled on model {model.name!r} (rank "
                          f"{lora_layers(model)[0].lora_rank}); enable it once. Received: rank={rank}")
-    for block in blocks:
-        for target in targets:
-            for layer in _target_layers(block, target):
-                layer.enable_lora(rank, lora_alpha=alpha)
+    check_head_trains(model, "enable_lora")
+    adapted = [layer for block in blocks for target in targets for layer in _target_layers(block, target)]
+    float8 = [layer.path for layer in adapted if layer.quantization_mode == "float8"]
+    if float8:
+        # Keras' float8 layers fail at their first call with adapters.
+        raise ValueError(f"Keras' float8 layers take no LoRA adapters: quantize to int8 or int4 for LoRA on "
+                         f"quantized weights. Received: {float8[0]} quantized to float8")
+    for layer in adapted:
+        layer.enable_lora(rank, lora_alpha=alpha)
     # Keras makes each adapted kernel non-trainable; everything else but
     # the adapters and the head is frozen here.
     kept = {id(v) for v in _saved_variables(model)}
@@ -127,7 +133,7 @@ def merge_lora(model):
     layer trainable again. `model` is left as it was."""
     if not lora_layers(model):
         raise ValueError(f"Model {model.name!r} has no LoRA adapters to merge (see `enable_lora`).")
-    merged = keras.Model.from_config(model.get_config())
+    merged = type(model).from_config(model.get_config())
     merged.trainable = True
     for layer in merged.layers:
         layer.trainable = True

@@ -317,6 +317,57 @@ def test_lora_targets_and_errors(tmp_path, monkeypatch):
         np.testing.assert_array_equal(value, before[key], err_msg=key)
 
 
+def test_quantized_models_save_load_and_train_adapters(tmp_path):
+    """`model.quantize("int8")` (Keras' own) turns every projection into an
+    int8 layer: the `.keras` file loads as the same model (the blocks'
+    projections were float again, and the file failed to load); LoRA on the
+    int8 weights with a float head (QLoRA) trains the adapters and the head
+    alone, and its adapter file, merge and reload hold. A quantized head,
+    which cannot train, and float8 layers, which take no adapters, are
+    refused before anything changes."""
+    x, y = _batch(8, seed=2)
+    model = _model(False)
+    float_logits = keras.ops.convert_to_numpy(model(x))
+    model.quantize("int8")
+    quantized = [layer.path for layer in model._flatten_layers() if layer.quantization_mode == "int8"]
+    assert len(quantized) == 2 * (4 + 2) + 1  # per block q, k, v, out and the MLP's two; the head
+    logits = keras.ops.convert_to_numpy(model(x))
+    assert np.abs(logits - float_logits).max() < 0.05 * np.abs(float_logits).max()
+    model.save(str(tmp_path / "int8.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "int8.keras"))
+    assert type(loaded) is keras_vit.models.ViTModel
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(x)), logits)
+    trainable = [v.path for v in model.trainable_weights]  # biases, norms, embeddings: int8 kernels do not train
+    for refused in (keras_vit.enable_lora, keras_vit.freeze_backbone):
+        with pytest.raises(ValueError, match=r"The head of model .* is quantized \(int8\).*Received: head "
+                                             r"quantization_mode='int8'"):
+            refused(model, **({"rank": 2} if refused is keras_vit.enable_lora else {}))
+        assert [v.path for v in model.trainable_weights] == trainable and not keras_vit.lora.lora_layers(model)
+    # QLoRA: a new float head on the int8 blocks.
+    qlora = keras_vit.enable_lora(keras_vit.reset_head(model, 5, bias=0.1), rank=2)
+    assert sorted(v.path for v in qlora.trainable_weights if "lora" not in v.path) == ["head/bias", "head/kernel"]
+    before = _numpy(qlora)
+    _fit(qlora, x, y, steps=2)
+    after = _numpy(qlora)
+    changed = {path for path in before if not np.array_equal(after[path], before[path])}
+    assert {"head/kernel", "head/bias"} <= changed <= {v.path for v in qlora.trainable_weights}
+    assert any(p.endswith("lora_kernel_b") for p in changed)
+    adapted = keras.ops.convert_to_numpy(qlora(x))
+    path = keras_vit.save_lora(qlora, str(tmp_path / "qlora.npz"))
+    fresh = keras_vit.enable_lora(keras_vit.reset_head(keras.saving.load_model(str(tmp_path / "int8.keras")), 5),
+                                  rank=2)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(keras_vit.load_lora(fresh, path)(x)), adapted,
+                               rtol=1e-6, atol=1e-6)
+    merged = keras_vit.merge_lora(qlora)  # folded into the int8 kernels: requantized
+    assert type(merged) is keras_vit.models.ViTModel and not any("lora" in v.path for v in merged.weights)
+    assert np.abs(keras.ops.convert_to_numpy(merged(x)) - adapted).max() < 0.05 * np.abs(adapted).max()
+    float8 = _model(False)
+    float8.quantize("float8")
+    with pytest.raises(ValueError, match="Keras' float8 layers take no LoRA adapters.*Received: "
+                                         "encoderblock_0/.*query quantized to float8"):
+        keras_vit.enable_lora(keras_vit.reset_head(float8, 5), rank=2)
+
+
 def test_lora_training_resumes_exactly(tmp_path):
     """Keras writes an adapted kernel merged and leaves the adapters out of
     the weights file; `BackupAndResume` keeps the adapted layers' own

@@ -92,7 +92,41 @@ class SurvivesFailedSteps:
 class ViTModel(SurvivesFailedSteps, keras.Model):
     """The functional model every keras_vit builder returns: a `keras.Model`
     built as `ViTModel(inputs, outputs, name=...)` that survives a failed
-    step (`SurvivesFailedSteps`)."""
+    step (`SurvivesFailedSteps`), and whose config holds what
+    `model.quantize(...)` did to the layers inside its layers.
+
+    Keras writes a quantized layer's new dtype policy into the config of
+    that layer alone: the projections inside the encoder blocks (which the
+    blocks create) came back as float layers, and a quantized model's
+    `.keras` file failed to load ("Layer 'key' expected 2 variables, but
+    received 0"). The config lists them (`quantized_layers`: path ->
+    mode), and `from_config` quantizes them again before any weights load.
+    """
+
+    def get_config(self):
+        config = super().get_config()
+        quantized = {layer.path: layer.quantization_mode for layer in _leaves(self) if layer.quantization_mode}
+        if quantized:
+            config["quantized_layers"] = quantized
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        quantized = config.pop("quantized_layers", {})
+        model = super().from_config(config, custom_objects=custom_objects)
+        for layer in _leaves(model):
+            # Top-level layers come back quantized from their own configs.
+            if quantized.get(layer.path) and not layer.quantization_mode:
+                layer.quantize(quantized[layer.path])
+        return model
+
+
+def _leaves(model):
+    """The layers without sub-layers, at every depth: the ones Keras'
+    `Model.quantize` quantizes (private: `_flatten_layers`, as there;
+    pinned by the quantized round trip in tests/test_big_models.py)."""
+    return [layer for layer in model._flatten_layers(include_self=False) if len(list(layer._flatten_layers())) == 1]
 
 
 def _recover(model, *functions):
