@@ -119,6 +119,11 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
             # Top-level layers come back quantized from their own configs.
             if quantized.get(layer.path) and not layer.quantization_mode:
                 layer.quantize(quantized[layer.path])
+        if quantized and keras.backend.backend() == "torch":
+            # PyTorch's parameter lists still hold the float kernels: made
+            # again, as Keras' `Model.quantize` does (private, as there).
+            for layer in model._flatten_layers():
+                layer._track_variables()
         return model
 
 
