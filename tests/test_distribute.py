@@ -335,13 +335,15 @@ def _assert_clipping_active(report, name):
 
 
 def _new_variables_outside_the_scope(setup):
-    """`enable_lora` and `reset_head` outside the scope of a distributed
-    model: one clear error each (fit failed later with JAX's "incompatible
-    devices" or TensorFlow's bare AssertionError); inside, they work."""
+    """`enable_lora`, `reset_head` and `quantize` outside the scope of a
+    distributed model: one clear error each (fit failed later with JAX's
+    "incompatible devices" or TensorFlow's bare AssertionError); inside,
+    the first two work."""
     with setup.scope():
         model = keras_vit.ViT(None, **TINY)
     errors = []
-    for add in (lambda m: keras_vit.enable_lora(m, rank=2), lambda m: keras_vit.reset_head(m, 3)):
+    for add in (lambda m: keras_vit.enable_lora(m, rank=2), lambda m: keras_vit.reset_head(m, 3),
+                lambda m: m.quantize("int8")):
         try:
             add(model)
             errors.append("no error")
@@ -357,7 +359,8 @@ def _new_variables_outside_the_scope(setup):
 
 
 def _assert_new_variables_need_the_scope(errors, devices):
-    for error, function in zip(errors, ("enable_lora", "reset_head")):
+    assert len(errors) == 3
+    for error, function in zip(errors, ("enable_lora", "reset_head", "quantize")):
         assert error.startswith(f"`{function}` adds variables to model") and (
             f"distributed over {devices} devices: call it inside the `setup.scope()`") in error, error
 

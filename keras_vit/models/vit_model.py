@@ -3,6 +3,8 @@ survives a failed step."""
 
 import keras
 
+from keras_vit.distribute import check_scope
+
 
 class SurvivesFailedSteps:
     """Mixed into a `keras.Model`: a `fit`, `evaluate` or `predict` that
@@ -103,6 +105,15 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
     mode), and `from_config` quantizes them again before any weights load.
     """
 
+    def quantize(self, *args, **kwargs):
+        """`keras.Model.quantize`, refused outside the `setup.scope()` of a
+        distributed model (the new variables would live on one device, and
+        `fit` would fail inside JAX), and on PyTorch with the parameter
+        lists made again (Keras 3.10 left the float kernels there)."""
+        check_scope(self, "quantize")
+        super().quantize(*args, **kwargs)
+        _track_torch_parameters(self)
+
     def get_config(self):
         config = super().get_config()
         quantized = {layer.path: layer.quantization_mode for layer in _leaves(self) if layer.quantization_mode}
@@ -119,12 +130,18 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
             # Top-level layers come back quantized from their own configs.
             if quantized.get(layer.path) and not layer.quantization_mode:
                 layer.quantize(quantized[layer.path])
-        if quantized and keras.backend.backend() == "torch":
-            # PyTorch's parameter lists still hold the float kernels: made
-            # again, as Keras' `Model.quantize` does (private, as there).
-            for layer in model._flatten_layers():
-                layer._track_variables()
+        if quantized:
+            _track_torch_parameters(model)
         return model
+
+
+def _track_torch_parameters(model):
+    """On PyTorch, the lists behind `parameters()` and `state_dict()` made
+    again after quantizing (they still held the float kernels), as Keras'
+    own `Model.quantize` does in newer versions (private, as there)."""
+    if keras.backend.backend() == "torch":
+        for layer in model._flatten_layers():
+            layer._track_variables()
 
 
 def _leaves(model):

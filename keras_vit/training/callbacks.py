@@ -581,6 +581,11 @@ def _run_signature(model):
         config = _without_names(json.loads(json.dumps(model.get_config(), default=str)))
     except NotImplementedError:  # a subclassed model without get_config
         config = None
+    if config is not None:
+        # `ViTModel`'s list of quantized layers: the variables (int8 kernels,
+        # scales) already tell a quantized run apart, and checkpoints
+        # written before the list existed resume.
+        config.pop("quantized_layers", None)
     optimizer = model.optimizer
     return {
         "variables": [[v.path, list(v.shape), str(v.dtype)] for v in model.weights],
