@@ -22,6 +22,7 @@ from keras_vit import distribute
 from keras_vit.finetuning import check_head_trains
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
 from keras_vit.layers.utils import is_real
+from keras_vit.models.vit_model import track_torch_parameters
 from keras_vit.weights.npz import write_npz
 
 # The sub-layers LoRA can adapt in each encoder block: the attention's
@@ -118,12 +119,9 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     for variable in model.weights:
         if id(variable) not in kept:
             variable.trainable = False
-    # On PyTorch a Keras model lists its variables for `model.parameters()`
-    # and `state_dict()` once, when built: without a new list the adapters
-    # are missing there, and a torch optimizer would train the head alone
-    # (a private seam, docs/training.md).
-    if keras.backend.backend() == "torch":
-        model._track_variables()
+    # Without new lists, a torch optimizer over `model.parameters()` would
+    # train the head alone.
+    track_torch_parameters(model)
     return model
 
 

@@ -112,7 +112,7 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
         lists made again (Keras 3.10 left the float kernels there)."""
         check_scope(self, "quantize")
         super().quantize(*args, **kwargs)
-        _track_torch_parameters(self)
+        track_torch_parameters(self)
 
     def get_config(self):
         config = super().get_config()
@@ -131,14 +131,15 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
             if quantized.get(layer.path) and not layer.quantization_mode:
                 layer.quantize(quantized[layer.path])
         if quantized:
-            _track_torch_parameters(model)
+            track_torch_parameters(model)
         return model
 
 
-def _track_torch_parameters(model):
+def track_torch_parameters(model):
     """On PyTorch, the lists behind `parameters()` and `state_dict()` made
-    again after quantizing (they still held the float kernels), as Keras'
-    own `Model.quantize` does in newer versions (private, as there)."""
+    again after variables came or went (quantized kernels, LoRA adapters):
+    a Keras layer makes them once, when built. As Keras' own
+    `Model.quantize` does in newer versions (private, as there)."""
     if keras.backend.backend() == "torch":
         for layer in model._flatten_layers():
             layer._track_variables()
