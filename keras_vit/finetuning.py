@@ -6,6 +6,7 @@ import numbers
 import keras
 
 from keras_vit import distribute
+from keras_vit.layers.utils import check_head_trains
 from keras_vit.layers.utils import positive_int
 from keras_vit.models.vit_model import ViTModel
 
@@ -15,20 +16,6 @@ def _head(model):
         return model.get_layer("head")
     except ValueError:
         return None
-
-
-def check_head_trains(model, function):
-    """Refuses a head that `model.quantize(...)` made an integer or float8
-    layer: its kernel cannot train, and `function` (`freeze_backbone`,
-    `enable_lora`) promises a trainable head."""
-    head = _head(model)
-    mode = None if head is None else head.quantization_mode
-    if mode:
-        raise ValueError(
-            f"The head of model {model.name!r} is quantized ({mode}): its kernel does not train, and `{function}` "
-            "trains the head. Quantize the rest alone (`model.quantize(mode, filters=lambda layer: layer.name != "
-            "'head')`, in Keras versions with `filters=`) or give the quantized model a new head "
-            f"(`keras_vit.reset_head`). Received: head quantization_mode={mode!r}")
 
 
 def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=0.0):

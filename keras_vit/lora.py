@@ -19,10 +19,10 @@ import keras
 import numpy as np
 
 from keras_vit import distribute
-from keras_vit.finetuning import check_head_trains
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
+from keras_vit.layers.utils import check_head_trains
 from keras_vit.layers.utils import is_real
-from keras_vit.models.vit_model import track_torch_parameters
+from keras_vit.layers.utils import track_torch_parameters
 from keras_vit.weights.npz import write_npz
 
 # The sub-layers LoRA can adapt in each encoder block: the attention's

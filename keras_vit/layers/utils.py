@@ -100,6 +100,33 @@ def named_seed_generator(layer, seed):
         return keras.random.SeedGenerator(seed, name="seed_generator")
 
 
+def check_head_trains(model, function):
+    """Refuses a head that `model.quantize(...)` made an integer or float8
+    layer: its kernel cannot train, and `function` (`freeze_backbone`,
+    `enable_lora`) promises a trainable head."""
+    try:
+        head = model.get_layer("head")
+    except ValueError:
+        return
+    mode = head.quantization_mode
+    if mode:
+        raise ValueError(
+            f"The head of model {model.name!r} is quantized ({mode}): its kernel does not train, and `{function}` "
+            "trains the head. Quantize the rest alone (`model.quantize(mode, filters=lambda layer: layer.name != "
+            "'head')`, in Keras versions with `filters=`) or give the quantized model a new head "
+            f"(`keras_vit.reset_head`). Received: head quantization_mode={mode!r}")
+
+
+def track_torch_parameters(model):
+    """On PyTorch, the lists behind `parameters()` and `state_dict()` made
+    again after variables came or went (quantized kernels, LoRA adapters):
+    a Keras layer makes them once, when built. As Keras' own
+    `Model.quantize` does in newer versions (private, as there)."""
+    if keras.backend.backend() == "torch":
+        for layer in model._flatten_layers():
+            layer._track_variables()
+
+
 def call_symbolically(layer, shape):
     """Builds a sub-layer by calling it on a symbolic input of `shape`
     (`keras.KerasTensor`; attention gets it as query and value); returns the

@@ -4,6 +4,7 @@ survives a failed step."""
 import keras
 
 from keras_vit.distribute import check_scope
+from keras_vit.layers.utils import track_torch_parameters
 
 
 class SurvivesFailedSteps:
@@ -133,16 +134,6 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
         if quantized:
             track_torch_parameters(model)
         return model
-
-
-def track_torch_parameters(model):
-    """On PyTorch, the lists behind `parameters()` and `state_dict()` made
-    again after variables came or went (quantized kernels, LoRA adapters):
-    a Keras layer makes them once, when built. As Keras' own
-    `Model.quantize` does in newer versions (private, as there)."""
-    if keras.backend.backend() == "torch":
-        for layer in model._flatten_layers():
-            layer._track_variables()
 
 
 def _leaves(model):
