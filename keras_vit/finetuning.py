@@ -7,15 +7,9 @@ import keras
 
 from keras_vit import distribute
 from keras_vit.layers.utils import check_head_trains
+from keras_vit.layers.utils import head_layer
 from keras_vit.layers.utils import positive_int
 from keras_vit.models.vit_model import ViTModel
-
-
-def _head(model):
-    try:
-        return model.get_layer("head")
-    except ValueError:
-        return None
 
 
 def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=0.0):
@@ -51,7 +45,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
             f"`model` must be a functional keras_vit model. Received: model={model!r}"
         )
     distribute.check_scope(model, "reset_head")
-    head = _head(model)
+    head = head_layer(model)
     features = model.outputs[0] if head is None else head.input
     if head is None and len(features.shape) != 2:
         raise ValueError(
@@ -94,7 +88,7 @@ def freeze_backbone(model):
     """
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a Keras model. Received: model={model!r}")
-    if _head(model) is None:
+    if head_layer(model) is None:
         raise ValueError(
             "`model` has no layer named 'head' to keep trainable (build it with "
             f"include_top=True or call `reset_head` first). Received: model={model.name!r}"

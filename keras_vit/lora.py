@@ -21,6 +21,7 @@ import numpy as np
 from keras_vit import distribute
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
 from keras_vit.layers.utils import check_head_trains
+from keras_vit.layers.utils import head_layer
 from keras_vit.layers.utils import is_real
 from keras_vit.layers.utils import track_torch_parameters
 from keras_vit.weights.npz import write_npz
@@ -48,13 +49,6 @@ def _blocks(model):
 
 def _is_adapter(variable):
     return variable.path.rsplit("/", 1)[-1] in _LORA_NAMES
-
-
-def _head_layer(model):
-    try:
-        return model.get_layer("head")
-    except ValueError:
-        return None
 
 
 def lora_layers(model):
@@ -149,7 +143,7 @@ def _saved_variables(model):
     head, chosen by name, not by their trainable flags (a `freeze_backbone`
     or `model.trainable = False` after `enable_lora` left the adapters
     out of the file)."""
-    head = _head_layer(model)
+    head = head_layer(model)
     head_variables = {id(v) for v in head.weights} if head is not None else set()
     return [v for v in model.weights if _is_adapter(v) or id(v) in head_variables]
 

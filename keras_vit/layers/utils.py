@@ -100,15 +100,20 @@ def named_seed_generator(layer, seed):
         return keras.random.SeedGenerator(seed, name="seed_generator")
 
 
+def head_layer(model):
+    """`model`'s classification head (the layer named `head`), or None."""
+    try:
+        return model.get_layer("head")
+    except ValueError:
+        return None
+
+
 def check_head_trains(model, function):
     """Refuses a head that `model.quantize(...)` made an integer or float8
     layer: its kernel cannot train, and `function` (`freeze_backbone`,
     `enable_lora`) promises a trainable head."""
-    try:
-        head = model.get_layer("head")
-    except ValueError:
-        return
-    mode = head.quantization_mode
+    head = head_layer(model)
+    mode = None if head is None else head.quantization_mode
     if mode:
         raise ValueError(
             f"The head of model {model.name!r} is quantized ({mode}): its kernel does not train, and `{function}` "
