@@ -127,22 +127,22 @@ def _inspect(config, smoke):
             from keras_vit.data.testing import smoke_images
 
             directory = smoke_images(generated, size, seed=config.seed)
-        uint8, names = load_images(config, size, directory)
+        pixels, names = load_images(config, size, directory)
     if config.weights is None and not config.model.endswith(".keras"):
         print("No --weights: the figures show an untrained (randomly initialised) model.")
     written = vit_inspect.write_figures(
         model,
         # Pixels for a model that preprocesses them itself.
-        uint8.astype("float32") if vit_inspect.takes_pixels(model) else keras_vit.preprocess_input(uint8),
+        pixels if vit_inspect.takes_pixels(model) else keras_vit.preprocess_input(pixels),
         config.run_dir,
         image_format=config.format,
-        rollout_images=min(config.rollout_images, len(uint8)),
+        rollout_images=min(config.rollout_images, len(pixels)),
         num_components=config.components,
         titles=names,
         batch_size=config.batch_size,
     )
     print(
-        f"{model.name}: {len(uint8)} image(s), grid {geometry.grid[0]}x{geometry.grid[1]}, "
+        f"{model.name}: {len(pixels)} image(s), grid {geometry.grid[0]}x{geometry.grid[1]}, "
         f"patches of {geometry.patch_size[0]}x{geometry.patch_size[1]} pixels"
         f"{' (hybrid)' if geometry.hybrid else ''}"
     )

@@ -23,10 +23,16 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
 def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSIONS):
-    """Reads the images of a folder for inspection (no TensorFlow needed).
+    """Reads the images of a folder for inspection (no TensorFlow needed),
+    as the fine-tuning evaluation pipeline reads them.
 
-    Each image is converted to RGB, resized so that it covers `size` with
-    its aspect ratio kept (bilinear), and centre-cropped to `size`.
+    Each image is decoded to RGB (grey-scale repeated, alpha dropped, 16-bit
+    pixels to their high byte, EXIF orientation ignored: as
+    `tf.io.decode_image` does) and resized to `size`, aspect ratio not kept,
+    bilinear without antialiasing, to float32 (as `tf.image.resize`): the
+    numbers `keras_vit.data.finetune_pipeline(..., training=False)` gives
+    the model, up to the JPEG decoder (PIL's and TensorFlow's differ by
+    about one level on average).
 
     Args:
         directory: a folder of image files (sub-folders are searched too);
@@ -36,9 +42,9 @@ def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSI
         extensions: file name endings that count as images.
 
     Returns:
-        A tuple `(images, names)`: uint8 array `(B, height, width, 3)` (apply
-        `keras_vit.preprocess_input` before the model) and the file names
-        relative to `directory`.
+        A tuple `(pixels, names)`: a float32 array `(B, height, width, 3)` of
+        pixels in [0, 255] (apply `keras_vit.preprocess_input` before the
+        model) and the file names relative to `directory`.
     """
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
@@ -60,23 +66,16 @@ def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSI
         raise ValueError(
             f"No image files ({', '.join(extensions)}) in the folder. Received: directory={directory!r}"
         )
-    images = []
-    for path in paths:
-        image = _load_rgb(path)
-        scale = max(height / image.height, width / image.width)
-        resized = (max(width, round(image.width * scale)), max(height, round(image.height * scale)))
-        image = image.resize(resized, resample=2)  # PIL.Image.BILINEAR
-        left, top = (resized[0] - width) // 2, (resized[1] - height) // 2
-        image = image.crop((left, top, left + width, top + height))
-        images.append(np.asarray(image, dtype=np.uint8))
-    return np.stack(images), [os.path.relpath(p, directory) for p in paths]
+    pixels = [_resize_bilinear(_load_rgb(path), height, width) for path in paths]
+    return np.stack(pixels), [os.path.relpath(p, directory) for p in paths]
 
 
 def _load_rgb(path):
-    """An image file as an RGB PIL image; a file that is not one, or a
-    decompression bomb (more pixels than PIL's `MAX_IMAGE_PIXELS`, about
-    89 million: far beyond any inspection image), is a ValueError naming
-    it, before its pixels are allocated."""
+    """An image file as a uint8 `(H, W, 3)` array, decoded as
+    `tf.io.decode_image(..., channels=3)` decodes it; a file that is not an
+    image, or a decompression bomb (more pixels than PIL's
+    `MAX_IMAGE_PIXELS`, about 89 million: far beyond any inspection image),
+    is a ValueError naming it, before its pixels are allocated."""
     try:
         from PIL import Image
     except ImportError:
@@ -86,13 +85,42 @@ def _load_rgb(path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            return keras.utils.load_img(path, color_mode="rgb")
+            with Image.open(path) as image:
+                if image.mode.startswith("I"):
+                    # 16-bit grey: PIL's RGB conversion clips it to 255 (a
+                    # white image); libpng, in TensorFlow, keeps the high byte.
+                    grey = (np.clip(np.asarray(image), 0, 65535).astype(np.uint32) >> 8).astype(np.uint8)
+                    return np.repeat(grey[..., None], 3, axis=-1)
+                return np.asarray(image.convert("RGB"), dtype=np.uint8)
         except (OSError, ValueError, SyntaxError, Image.DecompressionBombError,
                 Image.DecompressionBombWarning) as error:
             raise ValueError(
                 f"{path} cannot be read as an image ({type(error).__name__}: {error}). "
                 f"Received: {path!r}"
             ) from None
+
+
+def _resize_bilinear(image, height, width):
+    """`tf.image.resize(image, (height, width))` in numpy: bilinear, half-pixel
+    centres, no antialiasing, float32 (the original's evaluation resize)."""
+
+    def taps(out_size, in_size):
+        # TensorFlow's `ResizeBilinear(half_pixel_centers=True)`, in float32.
+        x = (np.arange(out_size, dtype=np.float32) + np.float32(0.5)) * np.float32(in_size / out_size)
+        x = x - np.float32(0.5)
+        first = np.floor(x)
+        return np.maximum(first, 0).astype(int), np.minimum(np.ceil(x), in_size - 1).astype(int), x - first
+
+    image = image.astype(np.float32)
+    top, bottom, y = taps(height, image.shape[0])
+    left, right, x = taps(width, image.shape[1])
+    x = x[:, None]  # per column, over the channels
+
+    def row(rows):
+        return rows[:, left] + (rows[:, right] - rows[:, left]) * x
+
+    upper, lower = row(image[top]), row(image[bottom])
+    return upper + (lower - upper) * y[:, None, None]
 
 
 def takes_pixels(model):

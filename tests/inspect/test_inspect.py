@@ -424,6 +424,44 @@ def test_write_figures_hybrid_svg(hybrid, tmp_path):
     assert not (tmp_path / "no_suffix.png").exists() and not (tmp_path.parent / f"{tmp_path.name}.png").exists()
 
 
+@pytest.mark.one_backend  # numpy and PIL only: no Keras op
+def test_load_image_folder_reads_images_as_the_evaluation_pipeline(tmp_path):
+    """The inspection loader gives the model the numbers fine-tuning's
+    evaluation gave it: stretched (not cropped) bilinear without antialias,
+    RGB from grey, alpha, palette and 16-bit files (which PIL's own RGB
+    conversion turns white), float32 pixels (not rounded to uint8)."""
+    from PIL import Image
+
+    from keras_vit import data
+
+    folder = tmp_path / "images" / "class"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rgba = rng.integers(0, 256, (30, 50, 4), dtype=np.uint8)
+    Image.fromarray(rgba[..., :3]).save(folder / "a_wide.png")
+    Image.fromarray(rgba[:, :20, :3]).save(folder / "b_tall.bmp")
+    Image.fromarray(rgba, "RGBA").save(folder / "c_alpha.png")
+    Image.fromarray(rgba[..., 0], "L").save(folder / "d_grey.png")
+    Image.fromarray(rgba[..., :3]).convert("P").save(folder / "e_palette.gif")
+    Image.fromarray(rng.integers(0, 65536, (30, 50), dtype=np.uint16)).save(folder / "f_grey16.png")
+    Image.fromarray(rgba[..., :3]).save(folder / "g_photo.jpg")
+    assert Image.open(folder / "f_grey16.png").mode.startswith("I")
+    pixels, names = vi.load_image_folder(folder, 16)
+    assert pixels.dtype == np.float32 and pixels.shape == (7, 16, 16, 3)
+    batch = next(iter(data.finetune_pipeline(data.from_directory(tmp_path / "images"), training=False,
+                                             batch_size=7, image_size=16)))
+    expected = np.asarray(batch[0])
+    loaded = np.asarray(keras_vit.preprocess_input(pixels))
+    assert [name.split("_")[0] for name in names] == list("abcdefg")
+    np.testing.assert_allclose(loaded[:6], expected[:6], rtol=0, atol=1e-6)
+    # PIL's and TensorFlow's JPEG decoders: about one level of 255 apart.
+    assert np.abs(loaded[6] - expected[6]).mean() < 2 / 127.5
+    # An image of exactly the input's size is taken as it is.
+    Image.fromarray(rgba[:16, :24, :3]).save(tmp_path / "exact.png")
+    np.testing.assert_array_equal(vi.load_image_folder(tmp_path, (16, 24), extensions=".png")[0][0],
+                                  rgba[:16, :24, :3])
+
+
 def test_recipe_writes_figures(plain, tmp_path):
     from PIL import Image
 
@@ -479,9 +517,8 @@ def test_recipe_writes_figures(plain, tmp_path):
         recipe["main"](["--smoke", f"--run_dir={tmp_path / 'o'}",
                         '--model_overrides={"input_shape": [16, 16, 1], "include_top": true}'])
     images, names = vi.load_image_folder(folder, (16, 24))
-    assert images.shape == (3, 16, 24, 3) and images.dtype == np.uint8
+    assert images.shape == (3, 16, 24, 3) and images.dtype == np.float32
     assert names == ["a.png", "b.jpg", os.path.join("c", "d.png")]
-    # An image of exactly the model's size is taken as it is.
     np.testing.assert_array_equal(images[2], np.asarray(Image.open(folder / "c" / "d.png")))
     assert vi.load_image_folder(folder, (16, 24), max_images=1)[0].shape == (1, 16, 24, 3)
     assert vi.load_image_folder(folder, 16, extensions=".png")[0].shape == (2, 16, 16, 3)
