@@ -64,9 +64,20 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
     uint8 image cast to float, as a functional model's float input casts
     it), give the original's float32 values bit for bit, eager or compiled,
     on every backend; other float values are computed with the same
-    formula (a compiler may round it one ulp differently).
+    formula (a compiler may round it one ulp differently). Floats already
+    scaled to [0, 1] or [-1, 1] cannot be told apart from dark pixels: they
+    map to about -1, without an error.
     """
     pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
+    dtype = getattr(images, "dtype", None)
+    dtype = None if dtype is None else backend.standardize_dtype(dtype)
+    if dtype in ("uint16", "uint32", "uint64", "bool"):
+        # A 16-bit image would map to up to 513, without any error.
+        raise ValueError(
+            "`images` must hold pixels in [0, 255]: uint8, or ints or floats of that range. For 16-bit "
+            f"images, take the high byte (`images >> 8`, as TensorFlow's PNG decoder does). Received: "
+            f"images of dtype {dtype}"
+        )
     if pixel_mean is not None:
         shape = tuple(images.shape) if hasattr(images, "shape") else np.shape(images)
         if shape[-1] is not None and shape[-1] != 3:
@@ -77,8 +88,7 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
         mean = np.asarray(pixel_mean, np.float32)
         std = np.asarray(pixel_std, np.float32)
         return (ops.cast(images, "float32") / np.float32(255.0) - mean) / std
-    dtype = getattr(images, "dtype", None)
-    if dtype is not None and backend.standardize_dtype(dtype) == "uint8":
+    if dtype == "uint8":
         return _lookup(ops.cast(images, "int32"))
     images = ops.cast(images, "float32")
     # Clipped again as ints: NaN casts to any int (a gather out of range).

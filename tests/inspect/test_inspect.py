@@ -424,7 +424,7 @@ def test_write_figures_hybrid_svg(hybrid, tmp_path):
     assert not (tmp_path / "no_suffix.png").exists() and not (tmp_path.parent / f"{tmp_path.name}.png").exists()
 
 
-@pytest.mark.one_backend  # numpy and PIL only: no Keras op
+@pytest.mark.one_backend  # the readers are numpy, PIL and tf.data, whatever the backend
 def test_load_image_folder_reads_images_as_the_evaluation_pipeline(tmp_path):
     """The inspection loader gives the model the numbers fine-tuning's
     evaluation gave it: stretched (not cropped) bilinear without antialias,
@@ -456,6 +456,11 @@ def test_load_image_folder_reads_images_as_the_evaluation_pipeline(tmp_path):
     np.testing.assert_allclose(loaded[:6], expected[:6], rtol=0, atol=1e-6)
     # PIL's and TensorFlow's JPEG decoders: about one level of 255 apart.
     assert np.abs(loaded[6] - expected[6]).mean() < 2 / 127.5
+    # docs/export.md's server, with the pipeline's own ops: bit for bit.
+    import tensorflow as tf
+
+    served = [data.ops.resize(data.ops.decode_image(tf.io.read_file(str(folder / name))), 16) for name in names]
+    np.testing.assert_array_equal(keras_vit.preprocess_input(np.stack(served)), expected)
     # An image of exactly the input's size is taken as it is.
     Image.fromarray(rgba[:16, :24, :3]).save(tmp_path / "exact.png")
     np.testing.assert_array_equal(vi.load_image_folder(tmp_path, (16, 24), extensions=".png")[0][0],
