@@ -102,6 +102,9 @@ def _class_names(class_names, num_classes):
             f"predictions with {num_classes} classes"
         )
     if isinstance(class_names, (str, os.PathLike)):
+        if not os.path.isfile(class_names):
+            raise ValueError("`class_names` must be a list of names or the path of a names file (one per line); "
+                             f"no such file. Received: class_names={class_names!r}")
         names = _read_lines(class_names)
     else:
         names = [str(name) for name in class_names]

@@ -6,6 +6,7 @@ import numbers
 import keras
 
 from keras_vit import distribute
+from keras_vit.layers.utils import check_bool
 from keras_vit.layers.utils import check_head_trains
 from keras_vit.layers.utils import head_layer
 from keras_vit.layers.utils import positive_int
@@ -34,10 +35,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         weights) with `model`; its head is zero kernel, constant bias.
     """
     num_classes = positive_int(num_classes, "num_classes")
-    if not isinstance(keep_pre_logits, bool):
-        raise ValueError(
-            f"`keep_pre_logits` must be a bool. Received: keep_pre_logits={keep_pre_logits!r}"
-        )
+    keep_pre_logits = check_bool(keep_pre_logits, "keep_pre_logits")
     if not isinstance(bias, numbers.Real) or isinstance(bias, bool) or not math.isfinite(bias):
         raise ValueError(f"`bias` must be a finite number. Received: bias={bias!r}")
     if not isinstance(model, keras.Model) or not hasattr(model, "inputs"):

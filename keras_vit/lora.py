@@ -43,6 +43,16 @@ def _target_layers(block, target):
     }[target]
 
 
+def _largest_rank(block, targets):
+    """The largest rank an update of the `targets` kernels of `block` can
+    have (per head for query, key and value): beyond it, rank adds
+    parameters, not capacity."""
+    attention, hidden, mlp_dim = block.attention, block.mlp.dense_1.units, block.mlp.dense_0.units
+    ranks = {"query": attention.key_dim, "key": attention.key_dim, "value": attention.value_dim,
+             "output": hidden, "mlp": min(hidden, mlp_dim)}
+    return max(ranks[target] for target in targets)
+
+
 def _blocks(model):
     return [layer for layer in model.layers if isinstance(layer, TransformerEncoderBlock)]
 
@@ -88,6 +98,10 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
         raise ValueError(
             f"`targets` {targets} match no layer of model {model.name!r}: it has no TransformerEncoderBlock. "
             f"Received: model={model.name!r}")
+    largest = _largest_rank(blocks[0], targets)
+    if rank > largest:
+        raise ValueError(f"`rank` must be at most {largest}, the largest rank an update of {', '.join(targets)} can "
+                         f"have in this model (per head for query, key and value). Received: rank={rank}")
     distribute.check_scope(model, "enable_lora")
     if lora_layers(model):
         raise ValueError(f"LoRA is already enabled on model {model.name!r} (rank "

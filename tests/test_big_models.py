@@ -268,6 +268,16 @@ def test_lora_targets_and_errors(tmp_path, monkeypatch):
             keras_vit.enable_lora(_model(False), rank=rank)
     with pytest.raises(ValueError, match="`targets` must be names from"):
         keras_vit.enable_lora(_model(False), rank=2, targets=("query", "qkv"))
+    # A rank past what the kernels' updates can hold (rank 10**6 wrote a
+    # 640 MB adapter file for a width-32 model): per head for query, key and value.
+    block = _model(False).get_layer("encoderblock_0")
+    width, head_dim = block.mlp.dense_1.units, block.attention.key_dim
+    assert head_dim < width
+    for rank, targets, largest in ((head_dim + 1, ("query", "value"), head_dim), (width + 1, ("mlp",), width)):
+        with pytest.raises(ValueError, match=rf"`rank` must be at most {largest}, .* Received: rank={rank}$"):
+            keras_vit.enable_lora(_model(False), rank=rank, targets=targets)
+    adapted = keras_vit.enable_lora(_model(False), rank=head_dim)
+    assert adapted.get_layer("encoderblock_0").attention.query_dense.lora_rank == head_dim
     # 0 trained nothing (B's gradient is scaled by it), NaN gave NaN losses,
     # a string failed in fit naming neither.
     for alpha in (0, -8, float("nan"), "8", True):

@@ -95,6 +95,9 @@ def test_decode_predictions_errors_name_the_value():
         keras_vit.decode_predictions(np.zeros((1, 10)))
     with pytest.raises(ValueError, match=r"`class_names` has 2 names for predictions of 3 classes"):
         keras_vit.decode_predictions(np.zeros((1, 3)), class_names=["a", "b"])
+    # A string that is no file was a bare FileNotFoundError: 'abc'.
+    with pytest.raises(ValueError, match=r"no such file. Received: class_names='abc'"):
+        keras_vit.decode_predictions(np.zeros((1, 3)), class_names="abc")
     with pytest.raises(ValueError, match=r"Received: predictions with shape \(1000,\)"):
         keras_vit.decode_predictions(np.zeros(1000))
     with pytest.raises(ValueError, match=r"Received: top=0"):

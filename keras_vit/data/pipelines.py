@@ -485,6 +485,8 @@ def augmentation_layers(text):
     def fail(problem):
         raise ValueError(f"`batch_augmentation` {problem}. Received: batch_augmentation={text!r}")
 
+    if not isinstance(text, str):
+        fail("must be a string: layer names or a JSON list")
     if text.lstrip().startswith("["):
         try:
             specs = json.loads(text)

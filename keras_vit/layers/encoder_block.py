@@ -8,6 +8,7 @@ from keras import ops
 
 from keras_vit.layers.utils import SEED_STATE
 from keras_vit.layers.utils import call_symbolically
+from keras_vit.layers.utils import check_bool
 from keras_vit.layers.utils import check_rate
 from keras_vit.layers.utils import is_real
 from keras_vit.layers.utils import named_seed_generator
@@ -231,13 +232,9 @@ class TransformerEncoderBlock(keras.layers.Layer):
                 f"Received: layer_scale_init={layer_scale_init!r}"
             )
         self.layer_scale_init = None if layer_scale_init is None else float(layer_scale_init)
-        if not isinstance(qk_norm, bool):
-            raise ValueError(f"`qk_norm` must be a bool. Received: qk_norm={qk_norm!r}")
-        self.qk_norm = qk_norm
+        self.qk_norm = check_bool(qk_norm, "qk_norm")
         self.seed = seed
-        if not isinstance(remat, bool):
-            raise ValueError(f"`remat` must be a bool. Received: remat={remat!r}")
-        self.remat = remat
+        self.remat = check_bool(remat, "remat")
         self.seed_generator = named_seed_generator(self, seed)
         self.supports_masking = True
 

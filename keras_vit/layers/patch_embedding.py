@@ -170,16 +170,19 @@ class ImageSizeCheck(keras.layers.Layer):
     values, but the requested shape requires a multiple of <stride>" (its
     sum is added to the images), or "... has <size>" (it is added to the
     images along that side: a sum would let TensorFlow's graph optimizer
-    drop the reshape).
+    drop the reshape). Unknown channels likewise: "... has <channels>".
 
     Args:
         stride: `(height, width)` in pixels of one patch (for a hybrid: the
             ResNet stem's stride times the patch size).
         image_size: `(height, width)` of a fixed-size model, None for a side
             of any size (None: a dynamic-size model).
+        channels: the channels the model takes (None: not checked). JAX's
+            convolution would take a multiple of them as a grouped
+            convolution, without a word.
     """
 
-    def __init__(self, stride, image_size=None, **kwargs):
+    def __init__(self, stride, image_size=None, channels=None, **kwargs):
         # It passes the images on as they are: no rounding to a mixed
         # policy's compute dtype before `PreprocessInput`'s float32 scaling.
         kwargs.setdefault("autocast", False)
@@ -191,11 +194,18 @@ class ImageSizeCheck(keras.layers.Layer):
             raise ValueError("`image_size` must be None or (height, width), each a positive int or None. "
                              f"Received: image_size={image_size!r}")
         self.image_size = None if sides == (None, None) else tuple(None if s is None else int(s) for s in sides)
+        self.channels = None if channels is None else positive_int(channels, "channels")
 
     def check_shape(self, shape):
         """Raises the `ValueError` of a call on images of `shape`, for the
         sides it knows (e.g. before Keras' `predict`, which a failed first
         step leaves the model's variables empty after on JAX)."""
+        if self.channels is not None and isinstance(shape[-1], int) and shape[-1] != self.channels:
+            raise ValueError(
+                f"The images must have {self.channels} channel(s), as the model's input. Grey-scale images "
+                "take their channel repeated (`np.repeat(images, 3, axis=-1)`); RGBA images drop alpha. "
+                f"Received: images of shape {tuple(shape)}"
+            )
         expected = self.image_size or (None, None)
         for what, side, stride, size in zip(("height", "width"), shape[1:3], self.stride, expected):
             if not isinstance(side, int):
@@ -227,6 +237,9 @@ class ImageSizeCheck(keras.layers.Layer):
             else:
                 along = (1, size, 1, 1) if what == "height" else (1, 1, size, 1)
                 checks.append(ops.reshape(ops.zeros((side,), images.dtype), along))
+        if self.channels is not None and not isinstance(shape[-1], int):
+            # TensorFlow's convolution takes a multiple of the channels too.
+            checks.append(ops.reshape(ops.zeros((shape[-1],), images.dtype), (1, 1, 1, self.channels)))
         return images + sum(checks) if checks else images
 
     def compute_output_shape(self, input_shape):
@@ -234,5 +247,5 @@ class ImageSizeCheck(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(stride=self.stride, image_size=self.image_size)
+        config.update(stride=self.stride, image_size=self.image_size, channels=self.channels)
         return config

@@ -260,6 +260,10 @@ def resample_position_embedding(
         numpy array `(1, prefix + target_rows * target_cols, D)`.
     """
     posemb = np.asarray(posemb)
+    num_prefix_tokens = non_negative_int(num_prefix_tokens, "num_prefix_tokens")
+    if posemb.ndim != 3 or posemb.shape[0] != 1 or posemb.shape[1] <= num_prefix_tokens:
+        raise ValueError(f"`posemb` must be (1, num_prefix_tokens + grid tokens, width), with "
+                         f"num_prefix_tokens={num_prefix_tokens}. Received: posemb of shape {posemb.shape}")
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[0, num_prefix_tokens:]
     if source_grid is None:
         source_grid = infer_square_grid(grid.shape[0])

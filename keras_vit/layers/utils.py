@@ -4,6 +4,7 @@ import math
 import numbers
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -32,6 +33,14 @@ def non_negative_int(value, name):
     if not is_int(value) or value < 0:
         raise ValueError(f"`{name}` must be an int >= 0. Received: {name}={value!r}")
     return int(value)
+
+
+def check_bool(value, name):
+    """`value` as a Python bool, refused unless True or False (a string
+    such as "no" would otherwise count as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be a bool. Received: {name}={value!r}")
+    return bool(value)
 
 
 def normalize_pair(value, name):

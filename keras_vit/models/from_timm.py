@@ -1,5 +1,6 @@
 """keras_vit models of timm checkpoints (the Hugging Face Hub's ViT weights)."""
 
+from keras_vit.layers.utils import check_bool, positive_int
 from keras_vit.models.vit import ViT
 from keras_vit.weights import hub
 from keras_vit.weights import timm as timm_format
@@ -63,6 +64,11 @@ def from_timm(
         `pretrained_cfg`: resize, crop, interpolation for evaluation) is
         `keras_vit.weights.hub.fetch(source, config_only=True)[0]`.
     """
+    include_top = check_bool(include_top, "include_top")
+    include_preprocessing = check_bool(include_preprocessing, "include_preprocessing")
+    local_files_only = check_bool(local_files_only, "local_files_only")
+    if num_classes is not None:
+        num_classes = positive_int(num_classes, "num_classes")
     config, _, where = hub.fetch(source, revision, token, cache_dir, local_files_only, config_only=True)
     try:
         args, pretrained = timm_format.config_args(config)

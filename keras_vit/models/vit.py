@@ -5,7 +5,7 @@ import keras
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
-from keras_vit.layers.utils import check_rate, is_int, is_real, normalize_pair, positive_int
+from keras_vit.layers.utils import check_bool, check_rate, is_int, is_real, normalize_pair, positive_int
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.models.vit_model import ViTModel
 from keras_vit.weights import load_weights
@@ -221,13 +221,8 @@ def ViT(
         A functional `keras.Model`.
     """
     config_name, fields = _resolve_fields(variant, overrides)
-    if not isinstance(include_top, bool):
-        raise ValueError(f"`include_top` must be a bool. Received: include_top={include_top!r}")
-    if not isinstance(include_preprocessing, bool):
-        raise ValueError(
-            "`include_preprocessing` must be a bool. "
-            f"Received: include_preprocessing={include_preprocessing!r}"
-        )
+    include_top = check_bool(include_top, "include_top")
+    include_preprocessing = check_bool(include_preprocessing, "include_preprocessing")
     if (pixel_mean is not None or pixel_std is not None) and not include_preprocessing:
         raise ValueError(
             "`pixel_mean` and `pixel_std` set the normalisation of `include_preprocessing=True`. "
@@ -243,10 +238,7 @@ def ViT(
         )
     if include_top:
         num_classes = positive_int(num_classes, "num_classes")
-    if not isinstance(allow_nonfinite, bool):
-        raise ValueError(
-            f"`allow_nonfinite` must be a bool. Received: allow_nonfinite={allow_nonfinite!r}"
-        )
+    allow_nonfinite = check_bool(allow_nonfinite, "allow_nonfinite")
     if posemb_interpolation not in INTERPOLATIONS:
         raise ValueError(
             f"`posemb_interpolation` must be one of {INTERPOLATIONS}. "
@@ -320,7 +312,8 @@ def ViT(
     # --- Embedding: patches, [class] token, position embedding ---
     x = inputs
     # A side given as None takes any multiple of the stride; a fixed side its own size only.
-    x = vit_layers.ImageSizeCheck(stride, image_size=input_shape[:2], name="image_size_check")(x)
+    x = vit_layers.ImageSizeCheck(stride, image_size=input_shape[:2], channels=input_shape[2],
+                                  name="image_size_check")(x)
     if include_preprocessing:
         x = vit_layers.PreprocessInput(pixel_mean, pixel_std, name="preprocess_input")(x)
     if fields["resnet"] is not None:
@@ -443,8 +436,7 @@ def _check_family_options(fields):
             f"`num_register_tokens` must be an int >= 0. Received: num_register_tokens={registers!r}"
         )
     for name in ("no_embed_class", "pre_norm", "fc_norm", "patch_bias", "qk_norm"):
-        if not isinstance(fields[name], bool):
-            raise ValueError(f"`{name}` must be a bool. Received: {name}={fields[name]!r}")
+        fields[name] = check_bool(fields[name], name)
     if fields["pool_include_prefix"] not in (None, True, False):
         raise ValueError("`pool_include_prefix` must be None or a bool. "
                          f"Received: pool_include_prefix={fields['pool_include_prefix']!r}")

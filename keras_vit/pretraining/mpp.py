@@ -57,6 +57,7 @@ from keras import ops
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
 from keras_vit.layers.utils import is_real
 from keras_vit.layers.utils import named_seed_generator
+from keras_vit.layers.utils import normalize_pair
 from keras_vit.layers.utils import positive_int
 from keras_vit.anatomy import anatomy
 from keras_vit.distribute import draw_for_global_batch
@@ -146,7 +147,7 @@ def patch_targets(images, patch_size, target="mean_color", bits=3,
 
     Args:
         images: `(B, H, W, 3)` tensor or array in `value_range`.
-        patch_size: `(ph, pw)` in pixels.
+        patch_size: `(ph, pw)` in pixels, or an int for square patches.
         target: `"mean_color"`: the patch's mean colour, quantised
             (`(B, N)` int32, `2**(3 * bits)` classes);
             `"downsampled"`: the patch average-pooled to
@@ -162,8 +163,11 @@ def patch_targets(images, patch_size, target="mean_color", bits=3,
     """
     if target not in TARGETS:
         raise ValueError(f"`target` must be one of {TARGETS}. Received: target={target!r}")
-    ph, pw = patch_size
-    patches = _to_patches(ops.cast(images, "float32"), (ph, pw))
+    ph, pw = normalize_pair(patch_size, "patch_size")
+    images = ops.cast(images, "float32")
+    if len(images.shape) != 4 or images.shape[-1] != 3:
+        raise ValueError(f"`images` must be (B, H, W, 3). Received: images of shape {tuple(images.shape)}")
+    patches = _to_patches(images, (ph, pw))
     num = patches.shape[1]
     if target == "pixels":
         return ops.reshape(patches, (-1, num, ph * pw * 3))

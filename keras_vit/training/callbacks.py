@@ -13,7 +13,7 @@ import numpy as np
 
 from keras_vit import distribute
 from keras_vit import locks
-from keras_vit.layers.utils import SEED_STATE, is_int
+from keras_vit.layers.utils import SEED_STATE, check_bool, is_int
 
 _POINTER = "checkpoint.json"
 _LOCK = "backup.lock"
@@ -36,8 +36,9 @@ _FIELDS = {
 # Fields a checkpoint of an older keras_vit may lack, added without a format
 # change: `backend` (the Keras backend that wrote it), `steps_per_execution`
 # (batches per compiled call; older ones counted such calls' batches short
-# on Keras 3.10, see `on_train_batch_end`).
-_OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int}
+# on Keras 3.10, see `on_train_batch_end`), `keras_version` (Keras
+# versions write model and optimizer configs differently).
+_OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int, "keras_version": str}
 
 
 class CheckpointWriteError(OSError):
@@ -114,9 +115,11 @@ class BackupAndResume(keras.callbacks.Callback):
                 f"Received: save_freq={save_freq!r}"
             )
         self.backup_dir = os.fspath(backup_dir)
+        if os.path.exists(self.backup_dir) and not os.path.isdir(self.backup_dir):
+            raise ValueError(f"`backup_dir` is a file, not a folder. Received: backup_dir={backup_dir!r}")
         self.save_freq = save_freq if save_freq == "epoch" else int(save_freq)
-        self.stop_on_nan = bool(stop_on_nan)
-        self.delete_on_finish = bool(delete_on_finish)
+        self.stop_on_nan = check_bool(stop_on_nan, "stop_on_nan")
+        self.delete_on_finish = check_bool(delete_on_finish, "delete_on_finish")
         self._batches_per_call = 1  # set by each `fit` (`on_train_begin`)
         self._reset_run_state()
 
@@ -252,6 +255,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "global_seed_state": _global_seed_state(),
             "torch_rng_states": distribute.backend_rng_state(),
             "backend": keras.backend.backend(),
+            "keras_version": keras.__version__,
             "steps_per_execution": _per_call(model),
             **({"lora": _lora_file(weights)} if lora else {}),
         }
@@ -427,6 +431,17 @@ class BackupAndResume(keras.callbacks.Callback):
                 f"checkpoint, {len(_seed_states(model))} in this model"
             )
         if difference is not None:
+            saved_version = metadata.get("keras_version")
+            if saved_version is not None and saved_version != keras.__version__:
+                # The same command on another Keras: its configs (and maybe
+                # variables) are written differently, e.g. 3.10's
+                # `input_layers` [name, 0, 0] against 3.15's [[name, 0, 0]].
+                raise ValueError(
+                    f"The checkpoint in {self.backup_dir} was written with Keras {saved_version}, and this run "
+                    f"has Keras {keras.__version__}, which describes the run differently ({difference}). Resume "
+                    f"with the Keras that wrote it (`pip install keras=={saved_version}`), or use another "
+                    "`backup_dir`."
+                )
             raise ValueError(f"{where} {difference}. {advice}")
         _check_state_sizes(metadata, model, self._pointer_path)
 

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_vit.layers.utils import check_rate
+from keras_vit.layers.utils import check_bool, check_rate
 
 # Head bias initialisation of AugReg-style sigmoid pre-training
 # (big_vision configs `vit_i21k.py` / `vit_i1k.py`: `head_bias_init`), about
@@ -44,7 +44,8 @@ class SoftmaxCrossEntropy(keras.losses.Loss):
             `labels * (1 - s) + s / num_classes`. Defaults to 0 (the
             original fine-tunes without it).
         sparse: bool. Labels are class indices `(B,)` instead of one-hot
-            `(B, num_classes)`. Defaults to False.
+            `(B, num_classes)`; an index outside [0, num_classes) gives a
+            NaN loss. Defaults to False.
         reduction: Keras loss reduction. Defaults to `"sum_over_batch_size"`
             (the batch mean).
         name: loss name.
@@ -60,22 +61,29 @@ class SoftmaxCrossEntropy(keras.losses.Loss):
     ):
         super().__init__(name=name, reduction=reduction, dtype=dtype or "float32")
         self.label_smoothing = check_rate(label_smoothing, "label_smoothing")
-        self.sparse = bool(sparse)
+        self.sparse = check_bool(sparse, "sparse")
 
     def call(self, y_true, y_pred):
         logits = ops.cast(y_pred, "float32")
         num_classes = logits.shape[-1]
         _check_labels(self, y_true, logits, self.sparse)
+        valid = None
         if self.sparse:
             labels = ops.cast(ops.reshape(y_true, ops.shape(logits)[:-1]), "int32")
-            labels = ops.one_hot(labels, num_classes, dtype="float32")
+            # A class index out of range has an all-zero one-hot (JAX, TF): a
+            # loss of 0 and no gradient, so 1-based labels trained without a
+            # word. It gives NaN instead, on every backend (PyTorch's one-hot
+            # would raise): `BackupAndResume` stops there, naming the data.
+            valid = ops.logical_and(labels >= 0, labels < num_classes)
+            labels = ops.one_hot(ops.where(valid, labels, 0), num_classes, dtype="float32")
         else:
             labels = ops.cast(y_true, "float32")
         if self.label_smoothing:
             labels = labels * (1.0 - self.label_smoothing) + (
                 self.label_smoothing / num_classes
             )
-        return -ops.sum(labels * ops.log_softmax(logits, axis=-1), axis=-1)
+        loss = -ops.sum(labels * ops.log_softmax(logits, axis=-1), axis=-1)
+        return loss if valid is None else ops.where(valid, loss, float("nan"))
 
     def get_config(self):
         config = super().get_config()

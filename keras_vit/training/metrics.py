@@ -37,13 +37,21 @@ class ExampleCount(keras.metrics.Metric):
         self.total.assign(0.0)
 
 
+def _get_loss(loss):
+    """`keras.losses.get(loss)`, refusing None (which Keras passes through:
+    the first evaluation then failed with "'NoneType' object is not callable")."""
+    if loss is None:
+        raise ValueError("`loss` must be a Keras loss, its name or a function. Received: loss=None")
+    return keras.losses.get(loss)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class LossMean(keras.metrics.Mean):
     """`loss` (a Keras loss) per example, averaged with the sample weights."""
 
     def __init__(self, loss, name="loss", **kwargs):
         super().__init__(name=name, **kwargs)
-        self.loss = keras.losses.get(loss)
+        self.loss = _get_loss(loss)
 
     def update_state(self, y_true, y_pred, sample_weight=None):
         values = self.loss.call(y_true, y_pred) if isinstance(self.loss, keras.losses.Loss) else self.loss(
@@ -80,7 +88,7 @@ def padded_batch_metrics(loss):
 
         model.compile(optimizer, loss=loss, weighted_metrics=padded_batch_metrics(loss))
     """
-    loss = keras.losses.get(loss)
+    loss = _get_loss(loss)
     # Class-index labels need the sparse accuracy: the one-hot one compared
     # an index with a row's argmax and gave nonsense.
     sparse = getattr(loss, "sparse", False) or isinstance(loss, keras.losses.SparseCategoricalCrossentropy) or (

@@ -2,7 +2,10 @@
 
 import os
 
+import keras
+
 from keras_vit.anatomy import anatomy
+from keras_vit.layers.utils import check_bool
 from keras_vit.variants import resolve_variant
 from keras_vit.weights import cache, hub, registry
 from keras_vit.weights.hub import export_timm
@@ -51,6 +54,9 @@ def load_weights(
         The list of notes about what was adapted (also logged to the
         `keras_vit` logger at INFO level).
     """
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras_vit model. Received: model={model!r}")
+    allow_nonfinite = check_bool(allow_nonfinite, "allow_nonfinite")
     if not isinstance(weights, (str, os.PathLike)):
         raise ValueError(
             "`weights` must be None, a file path or a registered name. "

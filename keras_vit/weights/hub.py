@@ -236,9 +236,16 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
     """
     import tempfile
 
+    from keras_vit.anatomy import anatomy
+    from keras_vit.preprocessing import check_pixel_stats
     from keras_vit.weights import timm as timm_format
     from keras_vit.weights.npz import file_mode
 
+    anatomy(model)  # names what is not a keras_vit model
+    directory = os.path.expanduser(os.fspath(directory))
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"`directory` is a file, not a folder. Received: directory={directory!r}")
+    pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
     architecture, args = timm_format.timm_args(model)
     state = timm_format.timm_state(model)
     numpy_io = _require("safetensors.numpy")
@@ -258,7 +265,6 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
             "first_conv": "patch_embed.proj", "classifier": "head",
         },
     }
-    directory = os.path.expanduser(os.fspath(directory))
     os.makedirs(directory, exist_ok=True)
     for name, write in ((WEIGHTS_NAME, lambda path: numpy_io.save_file(state, path)),
                         (CONFIG_NAME, lambda path: _write_text(path, json.dumps(config, indent=2) + "\n"))):

@@ -636,11 +636,11 @@ def export_npz(model, path):
     regular file or a new path is written: a directory, FIFO or device node
     (also behind a link) is refused, untouched.
     """
+    rows, cols = anatomy(model).grid  # first: it names what is not a keras_vit model
     arrays = {
         key: keras.ops.convert_to_numpy(variable).astype(np.float32)
         for key, variable in checkpoint_variables(model).items()
     }
-    rows, cols = anatomy(model).grid
     if rows != cols:
         arrays[GRID_KEY] = np.array([rows, cols], np.int32)
     return write_npz(path, arrays)

@@ -642,6 +642,8 @@ def test_batch_augmentation_errors_name_the_layer(folder):
     source = keras_vit.data.from_directory(folder[0])
     with pytest.raises(ValueError, match=r"Received: batch_augmentation=\['RandAugment'\]"):
         _augmented(source, ["RandAugment"])
+    with pytest.raises(ValueError, match=r"must be a string.*Received: batch_augmentation=None"):
+        keras_vit.data.augmentation_layers(None)
 
     class Pair(_Identity):
         name = "pair"

@@ -203,7 +203,7 @@ def test_non_square_and_other_sizes(shape):
 
 
 def test_a_fixed_size_model_refuses_other_sizes_in_fit_evaluate_and_predict():
-    """Keras checks a model's input shape in `model(x)`, but its JAX trainer
+    """Sizes and channels. Keras checks a model's input shape in `model(x)`, but its JAX trainer
     calls the layers directly in `fit`, `evaluate` and `predict`, and its
     TensorFlow trainer retraces them at relaxed shapes when the size
     changes: there a 32-px model took 36-px images (4x4 patches, the last 4
@@ -212,7 +212,8 @@ def test_a_fixed_size_model_refuses_other_sizes_in_fit_evaluate_and_predict():
     (in a TensorFlow graph of unknown size, through a reshape that fails);
     on PyTorch Keras' own check answers first. The model is still whole
     afterwards, on every backend (on JAX through `ViTModel`; Keras' trainer
-    alone lost the variables to an error inside `predict`'s step)."""
+    alone lost the variables to an error inside `predict`'s step). JAX's
+    trainer also took 6 channels, a grouped convolution, without a word."""
     errors = (ValueError,)
     if keras.backend.backend() == "tensorflow":
         import tensorflow as tf
@@ -236,6 +237,13 @@ def test_a_fixed_size_model_refuses_other_sizes_in_fit_evaluate_and_predict():
             with pytest.raises(errors, match=f"{ours}|{keras_own}|{graph}"):
                 call(np.ones((2, side, side, 3), "float32"), *labels, verbose=0)
             np.testing.assert_array_equal(model.predict(good, verbose=0), logits, err_msg=f"{name} at {side} px")
+        for channels in (6, 1):
+            with pytest.raises(errors, match=rf"must have 3 channel\(s\).*Received: images of shape \((2|None), 32, 32, "
+                                             rf"{channels}\)|expected shape=\(None, 32, 32, 3\), found shape="
+                                             rf"\((2|None), 32, 32, {channels}\)|Input to reshape is a tensor with "
+                                             rf"{channels} values, but the requested shape has 3"):
+                call(np.ones((2, 32, 32, channels), "float32"), *labels, verbose=0)
+            np.testing.assert_array_equal(model.predict(good, verbose=0), logits, err_msg=f"{name}, {channels} ch")
     # One side fixed, one open: the fixed side is checked too (JAX's predict took 24 rows for 16).
     half = keras_vit.ViT(None, **{**TINY, "input_shape": (32, None, 3), "image_size": (32, 32), "num_classes": 3})
     assert half.predict(np.ones((2, 32, 48, 3), "float32"), verbose=0).shape == (2, 3)

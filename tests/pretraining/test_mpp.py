@@ -104,6 +104,12 @@ def test_mean_colour_targets_at_bin_edges():
     # uint8 bins of 32: (1, 0, 7), (0, 7, 6), (6, 0, 4), (7, 7, 7).
     expected = [1 * 64 + 0 + 7, 0 + 7 * 8 + 6, 6 * 64 + 0 + 4, 511]
     np.testing.assert_array_equal(_np(patch_targets(image, (4, 4))), [expected])
+    # An int patch size, as every other API takes it (it was a TypeError).
+    np.testing.assert_array_equal(_np(patch_targets(image, 4)), [expected])
+    with pytest.raises(ValueError, match=r"Received: patch_size=\(0, 0\)"):  # a ZeroDivisionError
+        patch_targets(image, (0, 0))
+    with pytest.raises(ValueError, match=r"Received: images of shape \(8, 8, 3\)"):  # an IndexError
+        patch_targets(image[0], 4)
     # Equal bins of 255/8 differ only for the mean 223.5 (7.01 bins: 7).
     uniform = _np(patch_targets(image, (4, 4), quantization="uniform"))
     np.testing.assert_array_equal(uniform, [[71, 62, 7 * 64 + 4, 511]])

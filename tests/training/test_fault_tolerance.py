@@ -7,6 +7,7 @@ files are deleted."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -194,6 +195,13 @@ def test_arguments_are_validated():
         training.BackupAndResume("backup", save_freq=0)
     with pytest.raises(ValueError, match="backup_dir"):
         training.BackupAndResume("")
+    # A string flag counted as True; a file as the folder failed only in `fit`.
+    with pytest.raises(ValueError, match=r"`stop_on_nan` must be a bool. Received: stop_on_nan='no'"):
+        training.BackupAndResume("backup", stop_on_nan="no")
+    with pytest.raises(ValueError, match=r"`delete_on_finish` must be a bool. Received: delete_on_finish=1"):
+        training.BackupAndResume("backup", delete_on_finish=1)
+    with pytest.raises(ValueError, match=r"`backup_dir` is a file, not a folder. Received: backup_dir='.*py'"):
+        training.BackupAndResume(__file__)
 
 
 # --- Refusals, validation, deletion: a small dense model in this process ---
@@ -511,6 +519,28 @@ def test_checkpoint_of_another_backend_is_refused(small_checkpoint, tmp_path, ot
     )
     for a, b in zip(before, [keras.ops.convert_to_numpy(v) for v in model.variables]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoint_of_another_keras_version_is_refused_naming_both_or_resumes(small_checkpoint, tmp_path):
+    """Keras 3.10 and 3.15 write a model's config differently (e.g.
+    `input_layers`): the same command was refused as "another run", with
+    "resume with the same command" as the advice."""
+    assert json.loads((small_checkpoint / "checkpoint.json").read_text())["keras_version"] == keras.__version__
+    metadata = json.loads((small_checkpoint / "checkpoint.json").read_text())
+    config = dict(metadata["model_config"], added_in_another_keras=None)
+    directory = _copy(small_checkpoint, tmp_path / "config", keras_version="3.9.0", model_config=config)
+    before = sorted(os.listdir(directory))
+    with pytest.raises(ValueError) as error:
+        _small_fit(_small_model(), directory)
+    assert re.fullmatch(
+        rf"The checkpoint in {re.escape(str(directory))} was written with Keras 3\.9\.0, and this run has Keras "
+        rf"{re.escape(keras.__version__)}, which describes the run differently \(model config[^)]*"
+        r"added_in_another_keras.*\)\. Resume with the Keras that wrote it \(`pip install keras==3\.9\.0`\), "
+        r"or use another `backup_dir`\.", str(error.value)), str(error.value)
+    assert sorted(os.listdir(directory)) == before  # nothing lost
+    # Another Keras that describes the run alike resumes.
+    directory = _copy(small_checkpoint, tmp_path / "same", keras_version="3.9.0")
+    assert _small_fit(_small_model(), directory).resumed_from["step"] == 4
 
 
 def test_checkpoint_without_backend_field_resumes_or_is_refused(small_checkpoint, tmp_path):

@@ -742,6 +742,33 @@ def test_sigmoid_head_bias_init():
 def test_label_smoothing_is_validated():
     with pytest.raises(ValueError, match="label_smoothing"):
         training.SoftmaxCrossEntropy(label_smoothing=1.0)
+    # "False" counted as True: one-hot labels then read as class indices.
+    with pytest.raises(ValueError, match=r"`sparse` must be a bool. Received: sparse='False'"):
+        training.SoftmaxCrossEntropy(sparse="False")
+    # None was taken, then the first evaluation failed: "'NoneType' object is not callable".
+    for make in (training.LossMean, training.padded_batch_metrics):
+        with pytest.raises(ValueError, match=r"Received: loss=None"):
+            make(None)
+
+
+def test_class_indices_out_of_range_give_a_nan_loss_not_zero():
+    """1-based labels (or a head too small): JAX and TensorFlow one-hot an
+    index out of range to zeros, a loss of 0 that trains nothing; PyTorch
+    raised mid-fit. Now NaN per such example on every backend, which
+    `BackupAndResume(stop_on_nan=True)` stops on; padded examples (index 0,
+    weight 0) stay finite."""
+    loss = training.SoftmaxCrossEntropy(sparse=True)
+    logits = keras.ops.convert_to_tensor(np.log(np.array([[0.5, 0.25, 0.25]] * 4, "float32")))
+    per_example = keras.ops.convert_to_numpy(loss.call(keras.ops.convert_to_tensor([0, 3, -1, 2]), logits))
+    np.testing.assert_allclose(per_example[[0, 3]], [np.log(2), np.log(4)], rtol=1e-6)
+    assert np.isnan(per_example[[1, 2]]).all()
+    model = tiny_model()
+    model.compile(training.MomentumSGD(0.01), loss, weighted_metrics=training.padded_batch_metrics(loss))
+    x, _ = data(4)
+    assert np.isnan(model.evaluate(x, np.array([1, 2, 5, 0]), verbose=0, return_dict=True)["loss"])  # 5 classes
+    padded = model.evaluate(x, np.array([1, 2, 0, 0]), sample_weight=np.array([1, 1, 0, 0], "float32"),
+                            verbose=0, return_dict=True)
+    assert np.isfinite(padded["loss"]) and padded["examples"] == 2
 
 
 # --------------------------------------------------------------------------

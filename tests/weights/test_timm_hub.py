@@ -160,6 +160,12 @@ def test_another_number_of_classes_gets_a_zero_head(tmp_path):
     hub = dict(cache_dir=tmp_path, local_files_only=True)
     with pytest.raises(ValueError, match="num_classes"):
         keras_vit.from_timm(name, **hub)
+    # 0 was reported as "Received: num_classes=None"; "no" counted as True.
+    with pytest.raises(ValueError, match="`num_classes` must be a positive int. Received: num_classes=0"):
+        keras_vit.from_timm(name, num_classes=0, **hub)
+    for flag in ("include_top", "include_preprocessing", "local_files_only"):
+        with pytest.raises(ValueError, match=f"`{flag}` must be a bool. Received: {flag}='no'"):
+            keras_vit.from_timm(name, **{**hub, flag: "no"})
     model = keras_vit.from_timm(name, num_classes=3, **hub)
     assert np.all(model.predict(images(), verbose=0) == 0.0)
 
@@ -247,6 +253,20 @@ def test_what_timm_cannot_express_is_not_exported(tmp_path):
                            resnet=(), resnet_width_factor=0.5, input_shape=(32, 32, 3), num_classes=3)
     with pytest.raises(ValueError, match="hybrid"):
         keras_vit.export_timm(hybrid, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # Refused before writing (they wrote a checkpoint from_timm then refused,
+    # or failed on a file, or on None, without naming the argument).
+    plain = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=8,
+                          input_shape=(32, 32, 3), num_classes=3)
+    for stats in (dict(pixel_mean=[2, 2, 2], pixel_std=[0, 1, 1]), dict(pixel_mean=[0.5, 0.5])):
+        with pytest.raises(ValueError, match="`pixel_mean` and `pixel_std` go together"):
+            keras_vit.export_timm(plain, tmp_path / "out", **stats)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"`directory` is a file, not a folder. Received: directory='.*file'"):
+        keras_vit.export_timm(plain, tmp_path / "file")
+    for export in (keras_vit.export_timm, keras_vit.export_npz):
+        with pytest.raises(ValueError, match="not a keras_vit ViT. Received: model='None'"):
+            export(None, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

@@ -147,6 +147,11 @@ def test_resampling_errors_name_the_value():
         resample_position_embedding(posemb, (4, 4), source_grid=(5, 5))
     with pytest.raises(ValueError, match="interpolation='nearest'"):
         resample_grid(np.zeros((2, 2, 1)), (3, 3), "nearest")
+    # -1 took the last grid row as a prefix: a (1, 32, D) result.
+    with pytest.raises(ValueError, match="num_prefix_tokens=-1"):
+        resample_position_embedding(np.zeros((1, 17, 3)), (4, 4), num_prefix_tokens=-1)
+    with pytest.raises(ValueError, match=r"Received: posemb of shape \(17, 3\)"):
+        resample_position_embedding(np.zeros((17, 3)), (4, 4))
 
 
 # --- The original .npz format ------------------------------------------------
@@ -318,6 +323,12 @@ def test_non_finite_values_are_refused_unless_allowed(tmp_path, value):
     before = weights_of(model)
     with pytest.raises(ValueError, match="Dense_0/kernel holds 1 NaN or infinite value"):
         keras_vit.load_weights(model, str(tmp_path / "nan.npz"))
+    assert_unchanged(model, before)
+    # "no" counted as True and loaded the NaN; a model of None was an AttributeError.
+    with pytest.raises(ValueError, match="`allow_nonfinite` must be a bool. Received: allow_nonfinite='no'"):
+        keras_vit.load_weights(model, str(tmp_path / "nan.npz"), allow_nonfinite="no")
+    with pytest.raises(ValueError, match="`model` must be a keras_vit model. Received: model=None"):
+        keras_vit.load_weights(None, str(tmp_path / "nan.npz"))
     assert_unchanged(model, before)
     keras_vit.load_weights(model, str(tmp_path / "nan.npz"), allow_nonfinite=True)
     kernel = keras.ops.convert_to_numpy(model.get_layer("encoderblock_1").mlp.dense_0.kernel)
