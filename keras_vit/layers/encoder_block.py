@@ -48,6 +48,14 @@ def attention_kernel_initializer(hidden_size):
     return keras.initializers.RandomUniform(-limit, limit)
 
 
+def _epsilon(value, name):
+    """A layer normalisation's epsilon: a positive float (a negative one
+    gave NaN outputs)."""
+    if not is_real(value) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive float. Received: {name}={value!r}")
+    return float(value)
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class MlpBlock(keras.layers.Layer):
     """Dense -> GELU -> Dropout -> Dense -> Dropout.
@@ -124,7 +132,7 @@ class QKNormAttention(keras.layers.MultiHeadAttention):
 
     def __init__(self, *args, qk_norm_epsilon=LAYER_NORM_EPSILON, **kwargs):
         super().__init__(*args, **kwargs)
-        self.qk_norm_epsilon = qk_norm_epsilon
+        self.qk_norm_epsilon = _epsilon(qk_norm_epsilon, "qk_norm_epsilon")
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
@@ -224,7 +232,7 @@ class TransformerEncoderBlock(keras.layers.Layer):
             attention_dropout_rate, "attention_dropout_rate"
         )
         self.drop_path_rate = check_rate(drop_path_rate, "drop_path_rate")
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.layer_norm_epsilon = _epsilon(layer_norm_epsilon, "layer_norm_epsilon")
         self.gelu = check_gelu(gelu)
         if layer_scale_init is not None and not is_real(layer_scale_init):
             raise ValueError(

@@ -324,6 +324,11 @@ def test_pixels_are_scaled_before_any_rounding_under_mixed_precision():
     (lambda: layers.AttentionPooling(0, 8), "num_heads=0"),  # a ZeroDivisionError before
     (lambda: layers.AddPositionEmbedding(grid=(2.5, 2), stride=4), r"grid=\(2.5, 2\)"),  # became (2, 2)
     (lambda: layers.AddPositionEmbedding(grid=(2, 2), stride=(0, 4)), r"stride=\(0, 4\)"),
+    # A negative epsilon gave NaN outputs.
+    (lambda: layers.QKNormAttention(num_heads=2, key_dim=4, qk_norm_epsilon=-1.0), "qk_norm_epsilon=-1.0"),
+    (lambda: layers.TransformerEncoderBlock(num_heads=2, mlp_dim=8, layer_norm_epsilon=0), "layer_norm_epsilon=0"),
+    # 6 channels passed as a grouped convolution on JAX.
+    (lambda: layers.ImageSizeCheck(4, channels=3)(np.ones((1, 8, 8, 6), "float32")), r"must have 3 channel"),
 ])
 def test_layer_arguments_are_checked(build, match):
     with pytest.raises(ValueError, match=match):
