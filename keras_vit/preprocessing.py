@@ -7,6 +7,10 @@ from keras import ops
 # vit_jax `input_pipeline.py`: `(image - 127.5) / 127.5`.
 PIXEL_CENTER = 127.5
 
+# The image files keras_vit reads (`keras_vit.data.from_directory`,
+# `keras_vit.inspect.load_image_folder`): what `tf.io.decode_image` decodes.
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+
 
 def scale_pixels(x):
     """`(x - 127.5) / 127.5` on float32 pixels in [0, 255]: the one formula.

@@ -21,8 +21,7 @@ import tensorflow as tf
 from keras_vit import locks
 from keras_vit.data import _checks
 from keras_vit.data import ops
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
+from keras_vit.preprocessing import IMAGE_EXTENSIONS
 
 
 class DatasetNotAvailableError(FileNotFoundError):

@@ -9,6 +9,7 @@ import numpy as np
 
 from keras_vit.anatomy import anatomy
 from keras_vit.layers.utils import is_int, normalize_pair
+from keras_vit.preprocessing import IMAGE_EXTENSIONS
 from keras_vit.inspect.distance import model_attention_distance, plot_attention_distance
 from keras_vit.inspect.filters import (
     embedding_filter_components,
@@ -18,8 +19,6 @@ from keras_vit.inspect.filters import (
 from keras_vit.inspect import plotting
 from keras_vit.inspect.posemb import model_posemb_similarity, plot_posemb_similarity
 from keras_vit.inspect.rollout import plot_rollout, rollout_maps
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 
 
 def load_image_folder(directory, size, max_images=None, extensions=IMAGE_EXTENSIONS):
