@@ -53,6 +53,22 @@ def check_pixel_stats(pixel_mean, pixel_std):
     return tuple(stats)
 
 
+def check_image_dtype(images):
+    """Refuses images of a dtype no keras_vit input takes (16-bit and wider
+    unsigned pixels, booleans), which would scale to nonsense without an
+    error (uint16: up to 513); returns the standardized dtype, or None.
+    PyTorch tensors have no uint16 (Keras converts it to int32): those pass."""
+    dtype = getattr(images, "dtype", None)
+    dtype = None if dtype is None else backend.standardize_dtype(dtype)
+    if dtype in ("uint16", "uint32", "uint64", "bool"):
+        raise ValueError(
+            "`images` must hold pixels in [0, 255] (uint8, or ints or floats of that range), or [-1, 1] "
+            "floats for a model without include_preprocessing. For 16-bit images, take the high byte "
+            f"(`images >> 8`, as TensorFlow's PNG decoder does). Received: images of dtype {dtype}"
+        )
+    return dtype
+
+
 def preprocess_input(images, pixel_mean=None, pixel_std=None):
     """Maps uint8-range pixels [0, 255] to float32 [-1, 1]: (x - 127.5) / 127.5.
 
@@ -73,15 +89,7 @@ def preprocess_input(images, pixel_mean=None, pixel_std=None):
     map to about -1, without an error.
     """
     pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)
-    dtype = getattr(images, "dtype", None)
-    dtype = None if dtype is None else backend.standardize_dtype(dtype)
-    if dtype in ("uint16", "uint32", "uint64", "bool"):
-        # A 16-bit image would map to up to 513, without any error.
-        raise ValueError(
-            "`images` must hold pixels in [0, 255]: uint8, or ints or floats of that range. For 16-bit "
-            f"images, take the high byte (`images >> 8`, as TensorFlow's PNG decoder does). Received: "
-            f"images of dtype {dtype}"
-        )
+    dtype = check_image_dtype(images)
     if pixel_mean is not None:
         shape = tuple(images.shape) if hasattr(images, "shape") else np.shape(images)
         if shape[-1] is not None and shape[-1] != 3:

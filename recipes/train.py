@@ -245,7 +245,10 @@ def build_model(config, num_classes, input_shape):
         keras_vit.freeze_backbone(model)
         notes.append("backbone frozen: only the head trains (linear probe).")
     if config.lora_rank:
-        keras_vit.enable_lora(model, config.lora_rank, targets=config.lora_targets)
+        try:  # a rank past what the model's kernels can take
+            keras_vit.enable_lora(model, config.lora_rank, targets=config.lora_targets)
+        except ValueError as error:
+            raise RecipeError(f"--lora_rank={config.lora_rank}: {error}") from None
         notes.append(f"LoRA rank {config.lora_rank} on {', '.join(config.lora_targets)}: "
                      f"{sum(int(math.prod(v.shape)) for v in model.trainable_weights):,} trainable parameters.")
     if config.remat:

@@ -177,12 +177,14 @@ class ImageSizeCheck(keras.layers.Layer):
             ResNet stem's stride times the patch size).
         image_size: `(height, width)` of a fixed-size model, None for a side
             of any size (None: a dynamic-size model).
-        channels: the channels the model takes (None: not checked). JAX's
-            convolution would take a multiple of them as a grouped
-            convolution, without a word.
+
+    The channels are those of the input the layer is built on (the model's):
+    JAX's and TensorFlow's convolutions would take a multiple of them as a
+    grouped convolution, without a word. They are not in the config, so
+    files and checkpoints of earlier versions load and resume as they were.
     """
 
-    def __init__(self, stride, image_size=None, channels=None, **kwargs):
+    def __init__(self, stride, image_size=None, **kwargs):
         # It passes the images on as they are: no rounding to a mixed
         # policy's compute dtype before `PreprocessInput`'s float32 scaling.
         kwargs.setdefault("autocast", False)
@@ -194,7 +196,11 @@ class ImageSizeCheck(keras.layers.Layer):
             raise ValueError("`image_size` must be None or (height, width), each a positive int or None. "
                              f"Received: image_size={image_size!r}")
         self.image_size = None if sides == (None, None) else tuple(None if s is None else int(s) for s in sides)
-        self.channels = None if channels is None else positive_int(channels, "channels")
+        self.channels = None
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        self.channels = channels if is_int(channels) else None
 
     def check_shape(self, shape):
         """Raises the `ValueError` of a call on images of `shape`, for the
@@ -247,5 +253,5 @@ class ImageSizeCheck(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config.update(stride=self.stride, image_size=self.image_size, channels=self.channels)
+        config.update(stride=self.stride, image_size=self.image_size)
         return config

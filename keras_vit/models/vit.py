@@ -312,8 +312,7 @@ def ViT(
     # --- Embedding: patches, [class] token, position embedding ---
     x = inputs
     # A side given as None takes any multiple of the stride; a fixed side its own size only.
-    x = vit_layers.ImageSizeCheck(stride, image_size=input_shape[:2], channels=input_shape[2],
-                                  name="image_size_check")(x)
+    x = vit_layers.ImageSizeCheck(stride, image_size=input_shape[:2], name="image_size_check")(x)
     if include_preprocessing:
         x = vit_layers.PreprocessInput(pixel_mean, pixel_std, name="preprocess_input")(x)
     if fields["resnet"] is not None:

@@ -5,6 +5,7 @@ import keras
 
 from keras_vit.distribute import check_scope
 from keras_vit.layers.utils import track_torch_parameters
+from keras_vit.preprocessing import check_image_dtype
 
 
 class SurvivesFailedSteps:
@@ -37,6 +38,7 @@ class SurvivesFailedSteps:
     """
 
     def fit(self, *args, **kwargs):
+        _check_rate_callbacks(self.optimizer, kwargs.get("callbacks"))
         try:
             return super().fit(*args, **kwargs)
         except BaseException:
@@ -106,6 +108,14 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
     mode), and `from_config` quantizes them again before any weights load.
     """
 
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        # Before Keras casts them to the input's float32 (in `fit`,
+        # `predict` and `model(x)` alike): 16-bit pixels became 469.6 in
+        # [-1, 1] in a raw-image model, without an error. (`training` by
+        # name: Keras passes it only to a `call` that names it.)
+        check_image_dtype(inputs)
+        return super().call(inputs, training=training, mask=mask, **kwargs)
+
     def quantize(self, *args, **kwargs):
         """`keras.Model.quantize`, refused outside the `setup.scope()` of a
         distributed model (the new variables would live on one device, and
@@ -141,6 +151,22 @@ def _leaves(model):
     `Model.quantize` quantizes (private: `_flatten_layers`, as there;
     pinned by the quantized round trip in tests/test_big_models.py)."""
     return [layer for layer in model._flatten_layers(include_self=False) if len(list(layer._flatten_layers())) == 1]
+
+
+def _check_rate_callbacks(optimizer, callbacks):
+    """Refuses, before any step, a callback that sets the learning rate of
+    an optimizer that follows a schedule (`finetuning_optimizer`'s and
+    `pretraining_optimizer`'s `WarmupDecay`): Keras fails at the first
+    change ("its learning rate is not settable"), for
+    `ReduceLROnPlateau` maybe hours into the run."""
+    setters = [c for c in callbacks or () if isinstance(
+        c, (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau))]
+    if setters and optimizer is not None and isinstance(optimizer.get_config().get("learning_rate"), dict):
+        raise ValueError(
+            f"{type(setters[0]).__name__} sets the optimizer's learning rate, but this optimizer follows a "
+            "schedule, whose rate Keras cannot set (it would fail at the first change). Drop the callback, or "
+            "compile with a constant rate (e.g. keras_vit.training.MomentumSGD(0.01)). Received: "
+            f"callbacks=[..., {type(setters[0]).__name__}, ...] with a scheduled learning rate")
 
 
 def _recover(model, *functions):

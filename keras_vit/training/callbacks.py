@@ -37,8 +37,10 @@ _FIELDS = {
 # change: `backend` (the Keras backend that wrote it), `steps_per_execution`
 # (batches per compiled call; older ones counted such calls' batches short
 # on Keras 3.10, see `on_train_batch_end`), `keras_version` (Keras
-# versions write model and optimizer configs differently).
-_OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int, "keras_version": str}
+# versions write model and optimizer configs differently), `stopped` (a
+# callback such as `EarlyStopping` ended the run: it is finished).
+_OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int, "keras_version": str,
+                    "stopped": bool}
 
 
 class CheckpointWriteError(OSError):
@@ -138,6 +140,8 @@ class BackupAndResume(keras.callbacks.Callback):
         # the state saved must be the one the next step starts from.
         self._save_pending = False
         self._torch_rng_pending = None  # restored when the first real step starts
+        self._start_optimizer = None  # the optimizer's signature as the run began
+        self._stopped = False  # a callback stopped `fit` (`model.stop_training`)
         self.resumed_from = None  # metadata of the checkpoint loaded, if any
         self._restored_before_fit = False  # `restore` ran: `fit` starts at its epoch
         self._initial_epoch_set = False
@@ -250,7 +254,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "batch": self._batches_in_epoch,
             "steps_per_epoch": self.params.get("steps"),
             "epochs": self.params.get("epochs"),
-            **_run_signature(model),
+            **self._signature(model),
             "seed_states": [_state(v) for v in _seed_states(model)],
             "global_seed_state": _global_seed_state(),
             "torch_rng_states": distribute.backend_rng_state(),
@@ -258,6 +262,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "keras_version": keras.__version__,
             "steps_per_execution": _per_call(model),
             **({"lora": _lora_file(weights)} if lora else {}),
+            **({"stopped": True} if self._stopped else {}),
         }
         temporary = os.path.join(self.backup_dir, f".tmp-{_POINTER}")
         with open(temporary, "w", encoding="utf-8") as f:
@@ -347,8 +352,20 @@ class BackupAndResume(keras.callbacks.Callback):
         if self._is_writer():
             _release_lock(self.backup_dir)
 
+    def _signature(self, model):
+        """The run's signature, with its optimizer as the run began:
+        `ReduceLROnPlateau` or `LearningRateScheduler` change the learning
+        rate as the run goes, and every checkpoint written after a change
+        was refused as another run's (the restored optimizer variables
+        carry the changed rate on)."""
+        signature = _run_signature(model)
+        if self._start_optimizer is None:
+            self._start_optimizer = signature["optimizer"]
+        return {**signature, "optimizer": self._start_optimizer}
+
     def _restore(self, set_initial_epoch):
         """Loads the checkpoint, if any; returns `(epoch, batch)` to resume at."""
+        self._signature(self.model)  # before anything is loaded: the command's optimizer
         metadata = self.read_checkpoint()
         steps = distribute.all_processes(-1 if metadata is None else metadata["step"])
         if len(set(steps)) > 1:
@@ -363,6 +380,8 @@ class BackupAndResume(keras.callbacks.Callback):
         epoch, batch = metadata["epoch"], metadata["batch"]
         if metadata["steps_per_epoch"] is not None and batch >= metadata["steps_per_epoch"]:
             epoch, batch = epoch + 1, 0
+        if metadata.get("stopped") and metadata["epochs"] is not None:  # finished: nothing left to train
+            epoch, batch = metadata["epochs"], 0
         per_call = _per_call(model)
         if set_initial_epoch and batch % per_call and "steps_per_execution" in metadata:
             # The skip consumes whole executions: past the saved batch it
@@ -415,7 +434,7 @@ class BackupAndResume(keras.callbacks.Callback):
                 "The model must be built before `fit` to restore a checkpoint "
                 f"(call it on a batch first). Received: model {model.name!r} unbuilt"
             )
-        signature = _run_signature(model)
+        signature = self._signature(model)
         difference = _variables_difference(metadata["variables"], signature["variables"])
         if difference is None and metadata["model_config"] and signature["model_config"]:
             difference = _first_difference(
@@ -550,9 +569,13 @@ class BackupAndResume(keras.callbacks.Callback):
         if self._initial_epoch_set:
             _set_initial_epoch(self.model, None)
         if not self._failed:
+            # `EarlyStopping` (or another callback) ended the run: recorded,
+            # so that the same command again trains no further (it went on
+            # with the epochs left).
+            self._stopped = bool(getattr(self.model, "stop_training", False))
             if self.delete_on_finish:
                 self._delete_own_files()
-            elif self._since_save or self._save_pending:
+            elif self._since_save or self._save_pending or self._stopped:
                 self._save()
         self._release()
 
@@ -749,7 +772,7 @@ def _validate(metadata, path):
     optional = {key: types for key, types in _OPTIONAL_FIELDS.items() if key in metadata}
     for key, types in {**_FIELDS, **optional}.items():
         value = metadata[key]
-        if isinstance(value, bool) or not isinstance(value, types):
+        if (isinstance(value, bool) and types is not bool) or not isinstance(value, types):
             fail(f"`{key}` has the wrong type. Received: {key}={_short(value)}")
     if metadata["format"] != _FORMAT:
         fail(f"format {metadata['format']} is not {_FORMAT}")

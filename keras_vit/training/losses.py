@@ -44,8 +44,8 @@ class SoftmaxCrossEntropy(keras.losses.Loss):
             `labels * (1 - s) + s / num_classes`. Defaults to 0 (the
             original fine-tunes without it).
         sparse: bool. Labels are class indices `(B,)` instead of one-hot
-            `(B, num_classes)`; an index outside [0, num_classes) gives a
-            NaN loss. Defaults to False.
+            `(B, num_classes)`; an index >= num_classes gives a NaN loss, a
+            negative one (an "ignore" mark) a loss of 0. Defaults to False.
         reduction: Keras loss reduction. Defaults to `"sum_over_batch_size"`
             (the batch mean).
         name: loss name.
@@ -70,12 +70,13 @@ class SoftmaxCrossEntropy(keras.losses.Loss):
         valid = None
         if self.sparse:
             labels = ops.cast(ops.reshape(y_true, ops.shape(logits)[:-1]), "int32")
-            # A class index out of range has an all-zero one-hot (JAX, TF): a
+            # An index past the classes had an all-zero one-hot (JAX, TF): a
             # loss of 0 and no gradient, so 1-based labels trained without a
             # word. It gives NaN instead, on every backend (PyTorch's one-hot
-            # would raise): `BackupAndResume` stops there, naming the data.
-            valid = ops.logical_and(labels >= 0, labels < num_classes)
-            labels = ops.one_hot(ops.where(valid, labels, 0), num_classes, dtype="float32")
+            # raised): `BackupAndResume` stops there, naming the data. A
+            # negative index stays the usual "ignore" mark: a loss of 0.
+            valid = labels < num_classes
+            labels = ops.one_hot(ops.where(valid, labels, -1), num_classes, dtype="float32")
         else:
             labels = ops.cast(y_true, "float32")
         if self.label_smoothing:

@@ -314,6 +314,11 @@ def test_pixels_are_scaled_before_any_rounding_under_mixed_precision():
     np.testing.assert_allclose(got, (np.float32(200.3) / 255 - 0.5) / 0.5, rtol=1e-6)
 
 
+def _built(layer, shape):
+    layer.build(shape)
+    return layer
+
+
 @pytest.mark.parametrize("build, match", [
     # A mean of no tokens was NaN; a negative count pooled the last token alone.
     (lambda: layers.SequencePooling("gap", num_prefix_tokens=5)(np.ones((1, 5, 4), "float32")),
@@ -328,7 +333,7 @@ def test_pixels_are_scaled_before_any_rounding_under_mixed_precision():
     (lambda: layers.QKNormAttention(num_heads=2, key_dim=4, qk_norm_epsilon=-1.0), "qk_norm_epsilon=-1.0"),
     (lambda: layers.TransformerEncoderBlock(num_heads=2, mlp_dim=8, layer_norm_epsilon=0), "layer_norm_epsilon=0"),
     # 6 channels passed as a grouped convolution on JAX.
-    (lambda: layers.ImageSizeCheck(4, channels=3)(np.ones((1, 8, 8, 6), "float32")), r"must have 3 channel"),
+    (lambda: _built(layers.ImageSizeCheck(4), (1, 8, 8, 3))(np.ones((1, 8, 8, 6), "float32")), r"must have 3 channel"),
 ])
 def test_layer_arguments_are_checked(build, match):
     with pytest.raises(ValueError, match=match):

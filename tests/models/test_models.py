@@ -422,6 +422,17 @@ def test_preprocess_input():
     for images in (np.full((1, 2, 2, 3), 128 * 257, "uint16"), keras.ops.ones((1, 2, 2, 3), "bool")):
         with pytest.raises(ValueError, match=r"`images` must hold pixels in \[0, 255\].*dtype (uint16|bool)"):
             keras_vit.preprocess_input(images)
+    # A raw-image model casts its input to float32 first: 16-bit pixels
+    # became 469.6 in [-1, 1] (PyTorch's `predict` converts uint16 to int32
+    # before the model sees it: that one passes).
+    model = keras_vit.ViT(None, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8, patch_size=4,
+                          input_shape=(8, 8, 3), include_preprocessing=True)
+    sixteen = np.full((1, 8, 8, 3), 60000, "uint16")
+    calls = [lambda: model(sixteen)] + [lambda: model.predict(sixteen, verbose=0)] * (keras.backend.backend() != "torch")
+    for call in calls:
+        with pytest.raises(ValueError, match=r"`images` must hold pixels in \[0, 255\].*dtype uint16"):
+            call()
+    assert model.predict(np.full((1, 8, 8, 3), 200, "uint8"), verbose=0).shape == (1, 1000)
 
 
 def test_whole_number_floats_preprocess_as_uint8_bit_for_bit():

@@ -158,6 +158,26 @@ def test_a_refused_size_keeps_a_fixed_size_models_weights():
     np.testing.assert_array_equal(model.predict(IMAGES, verbose=0), logits)
 
 
+def test_a_callback_that_sets_a_scheduled_rate_is_refused_before_any_step():
+    """`ReduceLROnPlateau` with `finetuning_optimizer`'s `WarmupDecay`
+    failed at its first reduction ("not settable"), maybe hours in."""
+    model = _model()
+    model.compile(keras_vit.training.finetuning_optimizer(0.1, 10, warmup_steps=1),
+                  keras_vit.training.SoftmaxCrossEntropy(sparse=True))
+    before = [keras.ops.convert_to_numpy(v) for v in model.variables]
+    for callback in (keras.callbacks.ReduceLROnPlateau(monitor="loss"),
+                     keras.callbacks.LearningRateScheduler(lambda epoch: 0.1)):
+        with pytest.raises(ValueError, match=f"{type(callback).__name__} sets the optimizer's learning rate, but "
+                                             "this optimizer follows a schedule"):
+            model.fit(IMAGES, LABELS, callbacks=[callback], verbose=0)
+    for a, b in zip(before, model.variables):
+        np.testing.assert_array_equal(a, keras.ops.convert_to_numpy(b))
+    model.compile(keras_vit.training.MomentumSGD(0.1), keras_vit.training.SoftmaxCrossEntropy(sparse=True))
+    model.fit(IMAGES, LABELS, epochs=2, callbacks=[keras.callbacks.LearningRateScheduler(lambda e: 0.1 / (e + 1))],
+              verbose=0)
+    assert float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)) == pytest.approx(0.05)
+
+
 @pytest.mark.parametrize("steps_per_execution", [1, pytest.param(2, marks=JAX_ONLY)])
 def test_a_failed_fit_keeps_the_last_completed_step_and_trains_on(steps_per_execution):
     # One model through three failed fits, a twin trained on their good

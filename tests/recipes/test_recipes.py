@@ -1082,6 +1082,9 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
         vtab.main, ["--smoke", run, "--lora_rank=4", "--lora_targets=query,qkv"], capsys)
     assert "--lora_rank must be in [1, inf). Received: --lora_rank=0" in _error(
         finetune.main, ["--smoke", run, "--lora_rank=0"], capsys)
+    # Past what the model's kernels can take: the library's refusal, one line (a traceback before).
+    assert "--lora_rank=1000: `rank` must be at most" in _error(finetune.main, ["--smoke", run, "--lora_rank=1000"],
+                                                              capsys)
     # Refused before any work: no training, no VTAB task, no demo data.
     assert sorted(os.listdir(tmp_path / "run")) == [rundir.MARKER, "config.json"]
     # A batch that does not split over the replicas: said before any work,

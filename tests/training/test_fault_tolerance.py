@@ -330,6 +330,7 @@ _TORCH_CPU_STATE = [0] * 5056
         (dict(seed_states=[[1, -2]]), r"a seed state is not a list of uint32", "read"),
         (dict(extra=1), r"unknown fields \['extra'\]", "read"),
         (dict(backend=3), r"`backend` has the wrong type. Received: backend=3", "read"),
+        (dict(stopped=1), r"`stopped` has the wrong type. Received: stopped=1", "read"),
         # Before: a raw TypeError from the comparison with the model.
         (dict(variables=[1]),
          r"`variables\[0\]` must be \[path, shape, dtype\]. Received: variables\[0\]=1", "read"),
@@ -360,7 +361,7 @@ _TORCH_CPU_STATE = [0] * 5056
          r"`torch_rng_states` is set but the checkpoint's backend is 'jax'", "read"),
     ],
     ids=["json", "list", "negative_batch", "batch_too_large", "string_step", "bool_epoch",
-         "dotdot", "absolute", "missing_weights", "seed", "unknown_field", "backend_type",
+         "dotdot", "absolute", "missing_weights", "seed", "unknown_field", "backend_type", "stopped_type",
          "variables_entry", "variables_shape", "seed_length", "global_seed_length",
          "torch_states_empty", "torch_state_length", "torch_state_bytes", "torch_state_count",
          "torch_states_missing",
@@ -541,6 +542,58 @@ def test_checkpoint_of_another_keras_version_is_refused_naming_both_or_resumes(s
     # Another Keras that describes the run alike resumes.
     directory = _copy(small_checkpoint, tmp_path / "same", keras_version="3.9.0")
     assert _small_fit(_small_model(), directory).resumed_from["step"] == 4
+
+
+def test_a_learning_rate_changed_by_a_callback_resumes(tmp_path):
+    """`LearningRateScheduler` (or `ReduceLROnPlateau`) changes the rate as
+    the run goes: every checkpoint after a change was refused as "another
+    run" ("learning_rate is 0.025 in the checkpoint, 0.05 in this run"),
+    so the run could not be resumed at all. The run is the command's, and
+    the restored optimizer carries the changed rate on."""
+
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == 5:
+                raise KeyboardInterrupt("simulated kill")
+
+    def run(backup_dir, *extra):
+        model = _small_model(optimizer=keras.optimizers.SGD(0.05))
+        halve = keras.callbacks.LearningRateScheduler(lambda epoch: 0.05 / 2 ** epoch)
+        model.fit(SMALL_X, SMALL_Y, batch_size=2, epochs=3, shuffle=False, verbose=0,
+                  callbacks=[halve, training.BackupAndResume(backup_dir, save_freq=1), *extra])
+        return model
+
+    reference = run(tmp_path / "reference")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "resumed", Crash())
+    resumed = run(tmp_path / "resumed")
+    assert float(keras.ops.convert_to_numpy(resumed.optimizer.learning_rate)) == pytest.approx(0.0125)
+    for a, b in zip(reference.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    # Another rate in the command is still another run.
+    model = _small_model(optimizer=keras.optimizers.SGD(0.01))
+    with pytest.raises(ValueError, match=r"optimizer.config.learning_rate is 0.05\d* in the checkpoint, 0.0099\d* in"):
+        model.fit(SMALL_X, SMALL_Y, batch_size=2, epochs=3, verbose=0,
+                  callbacks=[training.BackupAndResume(tmp_path / "resumed")])
+
+
+def test_a_run_a_callback_stopped_is_finished(tmp_path):
+    """`EarlyStopping` ended the run at epoch 2 of 6: the same command again
+    trained the 4 epochs left (the checkpoint said "epoch 2 done")."""
+    def run():
+        model = _small_model(optimizer=keras.optimizers.SGD(0.05))
+        stop = keras.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=1e9)  # stops after epoch 2
+        backup = training.BackupAndResume(tmp_path / "backup", save_freq=1)
+        history = model.fit(SMALL_X, SMALL_Y, batch_size=4, epochs=6, shuffle=False, verbose=0,
+                            callbacks=[stop, backup])
+        return model, backup, history
+
+    first, backup, history = run()
+    assert len(history.epoch) == 2 and backup.read_checkpoint()["stopped"] is True
+    again, backup, history = run()
+    assert history.epoch == [] and int(keras.ops.convert_to_numpy(again.optimizer.iterations)) == 4
+    for a, b in zip(first.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_checkpoint_without_backend_field_resumes_or_is_refused(small_checkpoint, tmp_path):

@@ -751,17 +751,20 @@ def test_label_smoothing_is_validated():
             make(None)
 
 
-def test_class_indices_out_of_range_give_a_nan_loss_not_zero():
+def test_class_indices_past_the_classes_give_a_nan_loss_not_zero():
     """1-based labels (or a head too small): JAX and TensorFlow one-hot an
-    index out of range to zeros, a loss of 0 that trains nothing; PyTorch
-    raised mid-fit. Now NaN per such example on every backend, which
-    `BackupAndResume(stop_on_nan=True)` stops on; padded examples (index 0,
-    weight 0) stay finite."""
+    index past the classes to zeros, a loss of 0 that trains nothing;
+    PyTorch raised mid-fit. Now NaN per such example on every backend, which
+    `BackupAndResume(stop_on_nan=True)` stops on. A negative index is the
+    usual "ignore" mark (with weight 0): a loss of 0, as before; padded
+    examples (index 0, weight 0) stay finite."""
     loss = training.SoftmaxCrossEntropy(sparse=True)
     logits = keras.ops.convert_to_tensor(np.log(np.array([[0.5, 0.25, 0.25]] * 4, "float32")))
     per_example = keras.ops.convert_to_numpy(loss.call(keras.ops.convert_to_tensor([0, 3, -1, 2]), logits))
-    np.testing.assert_allclose(per_example[[0, 3]], [np.log(2), np.log(4)], rtol=1e-6)
-    assert np.isnan(per_example[[1, 2]]).all()
+    np.testing.assert_allclose(per_example[[0, 2, 3]], [np.log(2), 0.0, np.log(4)], rtol=1e-6)
+    assert np.isnan(per_example[1])
+    ignored = loss(np.array([0, -1, 2, -100]), logits, sample_weight=np.array([1, 0, 1, 0], "float32"))
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(ignored), (np.log(2) + np.log(4)) / 4, rtol=1e-6)
     model = tiny_model()
     model.compile(training.MomentumSGD(0.01), loss, weighted_metrics=training.padded_batch_metrics(loss))
     x, _ = data(4)
