@@ -38,7 +38,9 @@ class SurvivesFailedSteps:
     """
 
     def fit(self, *args, **kwargs):
-        _check_rate_callbacks(self.optimizer, kwargs.get("callbacks"))
+        # `fit(x, y, batch_size, epochs, verbose, callbacks, ...)`
+        callbacks = kwargs.get("callbacks", args[5] if len(args) > 5 else None)
+        _check_rate_callbacks(getattr(self, "optimizer", None), callbacks)
         try:
             return super().fit(*args, **kwargs)
         except BaseException:
@@ -113,7 +115,8 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
         # `predict` and `model(x)` alike): 16-bit pixels became 469.6 in
         # [-1, 1] in a raw-image model, without an error. (`training` by
         # name: Keras passes it only to a `call` that names it.)
-        check_image_dtype(inputs)
+        for images in keras.tree.flatten(inputs):
+            check_image_dtype(images)
         return super().call(inputs, training=training, mask=mask, **kwargs)
 
     def quantize(self, *args, **kwargs):
@@ -159,14 +162,27 @@ def _check_rate_callbacks(optimizer, callbacks):
     `pretraining_optimizer`'s `WarmupDecay`): Keras fails at the first
     change ("its learning rate is not settable"), for
     `ReduceLROnPlateau` maybe hours into the run."""
-    setters = [c for c in callbacks or () if isinstance(
+    setters = [c for c in _flat_callbacks(callbacks) if isinstance(
         c, (keras.callbacks.LearningRateScheduler, keras.callbacks.ReduceLROnPlateau))]
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's
     if setters and optimizer is not None and isinstance(optimizer.get_config().get("learning_rate"), dict):
         raise ValueError(
             f"{type(setters[0]).__name__} sets the optimizer's learning rate, but this optimizer follows a "
             "schedule, whose rate Keras cannot set (it would fail at the first change). Drop the callback, or "
             "compile with a constant rate (e.g. keras_vit.training.MomentumSGD(0.01)). Received: "
             f"callbacks=[..., {type(setters[0]).__name__}, ...] with a scheduled learning rate")
+
+
+def _flat_callbacks(callbacks):
+    """The callbacks of `fit`'s argument: a list (nested too), a
+    `CallbackList`, or one callback."""
+    if callbacks is None:
+        return []
+    if isinstance(callbacks, keras.callbacks.CallbackList):
+        return list(callbacks.callbacks)
+    if isinstance(callbacks, keras.callbacks.Callback):
+        return [callbacks]
+    return [c for item in callbacks for c in _flat_callbacks(item)]
 
 
 def _recover(model, *functions):

@@ -63,6 +63,7 @@ from keras_vit.anatomy import anatomy
 from keras_vit.distribute import draw_for_global_batch
 from keras_vit.distribute import tf_replica_context
 from keras_vit.models.vit_model import SurvivesFailedSteps
+from keras_vit.preprocessing import check_image_dtype
 
 TARGETS = ("mean_color", "downsampled", "pixels")
 QUANTIZATIONS = ("uint8", "uniform")
@@ -487,6 +488,7 @@ class MaskedPatchPrediction(SurvivesFailedSteps, keras.Model):
         self.built = True
 
     def call(self, images, training=None):
+        check_image_dtype(images)  # before the encoder casts them: 16-bit pixels trained silently
         x, kind, seen = self.encoder(images, training=training)
         # Predictions come from the patch tokens only, never the class token.
         x = x[:, self._num_prefix_tokens:]

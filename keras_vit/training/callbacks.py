@@ -7,6 +7,7 @@ import os
 import re
 import tempfile
 import warnings
+import weakref
 
 import keras
 import numpy as np
@@ -41,6 +42,10 @@ _FIELDS = {
 # callback such as `EarlyStopping` ended the run: it is finished).
 _OPTIONAL_FIELDS = {"backend": str, "lora": str, "steps_per_execution": int, "keras_version": str,
                     "stopped": bool}
+
+
+# Optimizer -> its signature when a `BackupAndResume` first saw it.
+_FIRST_SEEN_OPTIMIZERS = weakref.WeakKeyDictionary()
 
 
 class CheckpointWriteError(OSError):
@@ -140,7 +145,6 @@ class BackupAndResume(keras.callbacks.Callback):
         # the state saved must be the one the next step starts from.
         self._save_pending = False
         self._torch_rng_pending = None  # restored when the first real step starts
-        self._start_optimizer = None  # the optimizer's signature as the run began
         self._stopped = False  # a callback stopped `fit` (`model.stop_training`)
         self.resumed_from = None  # metadata of the checkpoint loaded, if any
         self._restored_before_fit = False  # `restore` ran: `fit` starts at its epoch
@@ -353,15 +357,17 @@ class BackupAndResume(keras.callbacks.Callback):
             _release_lock(self.backup_dir)
 
     def _signature(self, model):
-        """The run's signature, with its optimizer as the run began:
-        `ReduceLROnPlateau` or `LearningRateScheduler` change the learning
-        rate as the run goes, and every checkpoint written after a change
-        was refused as another run's (the restored optimizer variables
-        carry the changed rate on)."""
+        """The run's signature, with its optimizer as this process first
+        saw it: `ReduceLROnPlateau` or `LearningRateScheduler` change the
+        learning rate as the run goes, and every checkpoint written after a
+        change was refused as another run's (the restored optimizer
+        variables carry the changed rate on). Kept per optimizer object, so
+        a retried `fit`, a new callback or `restore` on the same model in
+        the same process see the command's optimizer too."""
         signature = _run_signature(model)
-        if self._start_optimizer is None:
-            self._start_optimizer = signature["optimizer"]
-        return {**signature, "optimizer": self._start_optimizer}
+        if model.optimizer is None:
+            return signature
+        return {**signature, "optimizer": _FIRST_SEEN_OPTIMIZERS.setdefault(model.optimizer, signature["optimizer"])}
 
     def _restore(self, set_initial_epoch):
         """Loads the checkpoint, if any; returns `(epoch, batch)` to resume at."""
@@ -571,8 +577,11 @@ class BackupAndResume(keras.callbacks.Callback):
         if not self._failed:
             # `EarlyStopping` (or another callback) ended the run: recorded,
             # so that the same command again trains no further (it went on
-            # with the epochs left).
-            self._stopped = bool(getattr(self.model, "stop_training", False))
+            # with the epochs left). Not `TerminateOnNaN`'s stop (with
+            # stop_on_nan=False): NaN weights are no finished run.
+            loss = (logs or {}).get("loss")
+            finite = loss is None or math.isfinite(float(keras.ops.convert_to_numpy(loss)))
+            self._stopped = bool(getattr(self.model, "stop_training", False)) and finite
             if self.delete_on_finish:
                 self._delete_own_files()
             elif self._since_save or self._save_pending or self._stopped:

@@ -428,7 +428,8 @@ def test_preprocess_input():
     model = keras_vit.ViT(None, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8, patch_size=4,
                           input_shape=(8, 8, 3), include_preprocessing=True)
     sixteen = np.full((1, 8, 8, 3), 60000, "uint16")
-    calls = [lambda: model(sixteen)] + [lambda: model.predict(sixteen, verbose=0)] * (keras.backend.backend() != "torch")
+    calls = [lambda: model(sixteen), lambda: model({model.inputs[0].name: sixteen})]
+    calls += [lambda: model.predict(sixteen, verbose=0)] * (keras.backend.backend() != "torch")
     for call in calls:
         with pytest.raises(ValueError, match=r"`images` must hold pixels in \[0, 255\].*dtype uint16"):
             call()

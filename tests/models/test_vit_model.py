@@ -167,11 +167,17 @@ def test_a_callback_that_sets_a_scheduled_rate_is_refused_before_any_step():
     before = [keras.ops.convert_to_numpy(v) for v in model.variables]
     for callback in (keras.callbacks.ReduceLROnPlateau(monitor="loss"),
                      keras.callbacks.LearningRateScheduler(lambda epoch: 0.1)):
-        with pytest.raises(ValueError, match=f"{type(callback).__name__} sets the optimizer's learning rate, but "
-                                             "this optimizer follows a schedule"):
-            model.fit(IMAGES, LABELS, callbacks=[callback], verbose=0)
+        # In a list, alone, in a CallbackList, or positionally.
+        for fit in (lambda: model.fit(IMAGES, LABELS, callbacks=[callback], verbose=0),
+                    lambda: model.fit(IMAGES, LABELS, callbacks=callback, verbose=0),
+                    lambda: model.fit(IMAGES, LABELS, callbacks=keras.callbacks.CallbackList([callback]), verbose=0),
+                    lambda: model.fit(IMAGES, LABELS, 4, 1, 0, [callback])):
+            with pytest.raises(ValueError, match=f"{type(callback).__name__} sets the optimizer's learning rate, "
+                                                 "but this optimizer follows a schedule"):
+                fit()
     for a, b in zip(before, model.variables):
         np.testing.assert_array_equal(a, keras.ops.convert_to_numpy(b))
+    model.fit(IMAGES, LABELS, callbacks=keras.callbacks.EarlyStopping(monitor="loss"), verbose=0)  # others train
     model.compile(keras_vit.training.MomentumSGD(0.1), keras_vit.training.SoftmaxCrossEntropy(sparse=True))
     model.fit(IMAGES, LABELS, epochs=2, callbacks=[keras.callbacks.LearningRateScheduler(lambda e: 0.1 / (e + 1))],
               verbose=0)

@@ -556,25 +556,28 @@ def test_a_learning_rate_changed_by_a_callback_resumes(tmp_path):
             if int(keras.ops.convert_to_numpy(self.model.optimizer.iterations)) == 5:
                 raise KeyboardInterrupt("simulated kill")
 
-    def run(backup_dir, *extra):
-        model = _small_model(optimizer=keras.optimizers.SGD(0.05))
+    def run(backup_dir, *extra, model=None):
+        model = model or _small_model(optimizer=keras.optimizers.SGD(0.05))
         halve = keras.callbacks.LearningRateScheduler(lambda epoch: 0.05 / 2 ** epoch)
         model.fit(SMALL_X, SMALL_Y, batch_size=2, epochs=3, shuffle=False, verbose=0,
                   callbacks=[halve, training.BackupAndResume(backup_dir, save_freq=1), *extra])
         return model
 
     reference = run(tmp_path / "reference")
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "resumed", Crash())
-    resumed = run(tmp_path / "resumed")
-    assert float(keras.ops.convert_to_numpy(resumed.optimizer.learning_rate)) == pytest.approx(0.0125)
-    for a, b in zip(reference.get_weights(), resumed.get_weights()):
-        np.testing.assert_array_equal(a, b)
+    for retry in (False, True):  # a new process's model, or the same model retried in this one
+        directory = tmp_path / f"resumed_{retry}"
+        model = _small_model(optimizer=keras.optimizers.SGD(0.05))
+        with pytest.raises(KeyboardInterrupt):
+            run(directory, Crash(), model=model)
+        resumed = run(directory, model=model if retry else None)
+        assert float(keras.ops.convert_to_numpy(resumed.optimizer.learning_rate)) == pytest.approx(0.0125)
+        for a, b in zip(reference.get_weights(), resumed.get_weights()):
+            np.testing.assert_array_equal(a, b)
     # Another rate in the command is still another run.
     model = _small_model(optimizer=keras.optimizers.SGD(0.01))
     with pytest.raises(ValueError, match=r"optimizer.config.learning_rate is 0.05\d* in the checkpoint, 0.0099\d* in"):
         model.fit(SMALL_X, SMALL_Y, batch_size=2, epochs=3, verbose=0,
-                  callbacks=[training.BackupAndResume(tmp_path / "resumed")])
+                  callbacks=[training.BackupAndResume(tmp_path / "resumed_False")])
 
 
 def test_a_run_a_callback_stopped_is_finished(tmp_path):
@@ -594,6 +597,12 @@ def test_a_run_a_callback_stopped_is_finished(tmp_path):
     assert history.epoch == [] and int(keras.ops.convert_to_numpy(again.optimizer.iterations)) == 4
     for a, b in zip(first.get_weights(), again.get_weights()):
         np.testing.assert_array_equal(a, b)
+    # `TerminateOnNaN`'s stop (stop_on_nan=False) is no finished run: NaN weights.
+    model = _small_model(optimizer=keras.optimizers.SGD(0.05))
+    backup = training.BackupAndResume(tmp_path / "nan", save_freq=1, stop_on_nan=False)
+    model.fit(np.full_like(SMALL_X, np.nan), SMALL_Y, batch_size=4, epochs=6, verbose=0,
+              callbacks=[keras.callbacks.TerminateOnNaN(), backup])
+    assert "stopped" not in backup.read_checkpoint()
 
 
 def test_checkpoint_without_backend_field_resumes_or_is_refused(small_checkpoint, tmp_path):
