@@ -74,7 +74,9 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     Args:
         model: a keras_vit ViT or hybrid (built).
         rank: int > 0, the rank of the update `A @ B` (for query, key and
-            value, of each head's part: Keras factorises them per head).
+            value, of each head's part: Keras factorises them per head). At
+            most `head_dim` for those, the width for `"output"` and `"mlp"`:
+            beyond, rank adds parameters, not capacity.
         targets: names from `TARGETS`: `"query"`, `"key"`, `"value"`,
             `"output"` (the attention projections) and `"mlp"` (both MLP
             layers). Defaults to query and value.
