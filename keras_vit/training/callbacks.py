@@ -258,7 +258,7 @@ class BackupAndResume(keras.callbacks.Callback):
             "batch": self._batches_in_epoch,
             "steps_per_epoch": self.params.get("steps"),
             "epochs": self.params.get("epochs"),
-            **self._signature(model),
+            **_run_signature(model),
             "seed_states": [_state(v) for v in _seed_states(model)],
             "global_seed_state": _global_seed_state(),
             "torch_rng_states": distribute.backend_rng_state(),
@@ -356,22 +356,9 @@ class BackupAndResume(keras.callbacks.Callback):
         if self._is_writer():
             _release_lock(self.backup_dir)
 
-    def _signature(self, model):
-        """The run's signature, with its optimizer as this process first
-        saw it: `ReduceLROnPlateau` or `LearningRateScheduler` change the
-        learning rate as the run goes, and every checkpoint written after a
-        change was refused as another run's (the restored optimizer
-        variables carry the changed rate on). Kept per optimizer object, so
-        a retried `fit`, a new callback or `restore` on the same model in
-        the same process see the command's optimizer too."""
-        signature = _run_signature(model)
-        if model.optimizer is None:
-            return signature
-        return {**signature, "optimizer": _FIRST_SEEN_OPTIMIZERS.setdefault(model.optimizer, signature["optimizer"])}
-
     def _restore(self, set_initial_epoch):
         """Loads the checkpoint, if any; returns `(epoch, batch)` to resume at."""
-        self._signature(self.model)  # before anything is loaded: the command's optimizer
+        _optimizer_signature(self.model.optimizer)  # before anything is loaded: the command's
         metadata = self.read_checkpoint()
         steps = distribute.all_processes(-1 if metadata is None else metadata["step"])
         if len(set(steps)) > 1:
@@ -440,7 +427,7 @@ class BackupAndResume(keras.callbacks.Callback):
                 "The model must be built before `fit` to restore a checkpoint "
                 f"(call it on a batch first). Received: model {model.name!r} unbuilt"
             )
-        signature = self._signature(model)
+        signature = _run_signature(model)
         difference = _variables_difference(metadata["variables"], signature["variables"])
         if difference is None and metadata["model_config"] and signature["model_config"]:
             difference = _first_difference(
@@ -633,15 +620,29 @@ def _run_signature(model):
         # scales) already tell a quantized run apart, and checkpoints
         # written before the list existed resume.
         config.pop("quantized_layers", None)
-    optimizer = model.optimizer
     return {
         "variables": [[v.path, list(v.shape), str(v.dtype)] for v in model.weights],
         "model_config": config,
-        "optimizer": None if optimizer is None else {
+        "optimizer": _optimizer_signature(model.optimizer),
+    }
+
+
+def _optimizer_signature(optimizer):
+    """The optimizer's class and config as this process first saw it:
+    `ReduceLROnPlateau` or `LearningRateScheduler` change the learning rate
+    as the run goes, and every checkpoint written after a change was refused
+    as another run's (the restored optimizer variables carry the changed
+    rate on). Kept per optimizer object, so a retried `fit`, a new callback
+    or `restore` on the same model in the same process see the command's
+    optimizer too."""
+    if optimizer is None:
+        return None
+    if optimizer not in _FIRST_SEEN_OPTIMIZERS:
+        _FIRST_SEEN_OPTIMIZERS[optimizer] = {
             "class": f"{type(optimizer).__module__}.{type(optimizer).__qualname__}",
             "config": _without_names(json.loads(json.dumps(optimizer.get_config(), default=str))),
-        },
-    }
+        }
+    return _FIRST_SEEN_OPTIMIZERS[optimizer]
 
 
 def _variables_difference(saved, now):
