@@ -14,6 +14,7 @@ from tests.helpers import ROOT
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import accelerator  # noqa: E402
 import bench  # noqa: E402
+import device_parity  # noqa: E402
 import dynamic_size  # noqa: E402
 import input_pipeline  # noqa: E402
 import real_images  # noqa: E402
@@ -178,6 +179,22 @@ def test_accelerator_benchmark_smoke_run(tmp_path):
         assert sum("timm_img_s" in r for r in rows) == 4
     assert json.loads((tmp_path / "rows.json").read_text()) == rows
     assert accelerator.markdown(rows).count("\n") == 9
+
+
+@pytest.mark.one_backend  # the worker's code is the same on every backend (tests/weights: the parity on each)
+def test_device_parity_worker_matches_float64_timm(tmp_path):
+    """`benchmarks/device_parity.py`'s worker on this backend (the CPU
+    here): ViT-Ti/16 with timm's random weights gives timm's float64 logits
+    within 1e-5 of the largest, eager and compiled, and timm in float32 does
+    too; the table has a line per row."""
+    reference = device_parity.reference(device_parity.ARCHITECTURES["tiny"], 2, str(tmp_path))
+    rows = device_parity.measure("tiny", "default", reference)
+    assert [(r["library"], r["mode"]) for r in rows] == [
+        ("keras_vit", "predict_on_batch"), ("keras_vit", "model(x)"), ("timm", "on cpu")]
+    for row in rows:
+        assert row["backend"] == keras.backend.backend() and row["top1_agree"] == 2, row
+        assert 0 < row["max_rel"] < 1e-5, row
+    assert device_parity.markdown(rows).count("\n") == 4
 
 
 @pytest.mark.one_backend  # the script's plumbing; its worker runs the same code on every backend
