@@ -2,7 +2,7 @@
 
     python benchmarks/device_parity.py                       # ViT-B/16 at 224 px, every backend
     python benchmarks/device_parity.py --backends jax,torch --json parity.json
-    python benchmarks/device_parity.py --smoke               # a tiny model (the suite runs it)
+    python benchmarks/device_parity.py --smoke               # ViT-Ti/16 (the suite runs its worker)
 
 The reference is timm's model of the same architecture (random weights,
 seed 0) in float64 on the CPU. keras_vit loads its weights
