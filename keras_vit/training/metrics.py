@@ -17,15 +17,23 @@ from keras_vit.training.losses import SigmoidCrossEntropy
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class ExampleCount(keras.metrics.Metric):
-    """The number of examples evaluated: the weights summed (every row
-    counts 1 without weights)."""
+    """The number of examples evaluated: the rows whose weight is not 0
+    (padding rows have 0; every row counts without weights). Rows, not the
+    weights' sum: under `class_weight` or a weighted evaluation the sum was
+    reported as the count."""
 
     def __init__(self, name="examples", **kwargs):
         super().__init__(name=name, **kwargs)
         self.total = self.add_variable(shape=(), initializer="zeros", name="total", dtype="float32")
 
     def update_state(self, y_true, y_pred, sample_weight=None):
-        count = ops.shape(y_true)[0] if sample_weight is None else ops.sum(ops.cast(sample_weight, "float32"))
+        if sample_weight is None:
+            count = ops.shape(y_true)[0]
+        else:
+            weight = ops.cast(sample_weight, "float32")
+            if len(weight.shape) > 1:  # a weight per output: a row counts if any is not 0
+                weight = ops.max(ops.abs(ops.reshape(weight, (ops.shape(weight)[0], -1))), axis=-1)
+            count = ops.sum(ops.cast(ops.not_equal(weight, 0), "float32"))
         self.total.assign_add(ops.cast(count, "float32"))
 
     def result(self):

@@ -231,15 +231,14 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
 
     `pixel_mean`, `pixel_std`: the normalisation the model expects, for
     pixels in [0, 1]; default the model's `include_preprocessing` layer's,
-    else the original's (0.5, 0.5). Each file is written to a temporary name
-    and renamed, so a reader never sees half a file. Returns `directory`.
+    else the original's (0.5, 0.5). Each file is written as `export_npz`
+    writes one (`keras_vit.weights.npz.write_atomically`): a reader never
+    sees half a file. Returns `directory`.
     """
-    import tempfile
-
     from keras_vit.anatomy import anatomy
     from keras_vit.preprocessing import check_pixel_stats
     from keras_vit.weights import timm as timm_format
-    from keras_vit.weights.npz import file_mode
+    from keras_vit.weights.npz import check_target, write_atomically
 
     anatomy(model)  # names what is not a keras_vit model
     directory = os.path.expanduser(os.fspath(directory))
@@ -265,21 +264,11 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
             "first_conv": "patch_embed.proj", "classifier": "head",
         },
     }
-    os.makedirs(directory, exist_ok=True)
-    for name, write in ((WEIGHTS_NAME, lambda path: numpy_io.save_file(state, path)),
-                        (CONFIG_NAME, lambda path: _write_text(path, json.dumps(config, indent=2) + "\n"))):
-        handle, tmp = tempfile.mkstemp(prefix=f".{name}.tmp-", dir=directory)
-        os.close(handle)
-        try:
-            write(tmp)
-            os.chmod(tmp, file_mode(os.path.join(directory, name)))
-            os.replace(tmp, os.path.join(directory, name))
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+    # Both files are checked before either is written.
+    targets = [check_target(os.path.join(directory, name), "directory") for name in (WEIGHTS_NAME, CONFIG_NAME)]
+    contents = (numpy_io.save(state), (json.dumps(config, indent=2) + "\n").encode("utf-8"))
+    for (path, _), content in zip(targets, contents):
+        write_atomically(path, lambda f, content=content: f.write(content), "directory")
     return directory
 
 
-def _write_text(path, text):
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)

@@ -660,46 +660,78 @@ def file_mode(target):
 
 def write_npz(path, arrays):
     """Writes `arrays` (name -> array) to the `.npz` file `path` as
-    `export_npz` writes a checkpoint (see there): atomically, keeping an
-    existing file's permission bits, through symbolic links, refusing
-    anything but a regular file, removing temporaries of killed writes.
-    Returns `path`."""
+    `export_npz` writes a checkpoint (see `write_atomically`). Returns
+    the path written (`~` expanded)."""
+    def write(f):
+        np.savez(f, **arrays)
+
+    return write_atomically(path, write)
+
+
+def check_target(path, argument="path"):
+    """The file `path` names (`~` expanded, through symbolic links), refused
+    unless it is a regular file or a new one; returns `(path, target)`."""
     path = os.fspath(path)
     if not isinstance(path, str) or not path.strip():
-        raise ValueError(f"`path` must be the path of an .npz file. Received: path={path!r}")
+        raise ValueError(f"`{argument}` must be the path of a file. Received: {argument}={path!r}")
     path = os.path.expanduser(path)  # as `load_weights` reads it
+    if path.endswith(("/", os.sep)):
+        # `realpath` drops the slash: a file named like the folder was written.
+        raise ValueError(f"`{argument}` ends with a separator, so it names a folder, not a file; nothing was "
+                         f"written. Received: {argument}={path!r}")
     target = os.path.realpath(path)  # Through symbolic links.
     # Only regular files are replaced: renaming over a FIFO or a device node
     # (as root, `/dev/null`) would replace it with a regular file.
     if os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode):
         kind = "a directory" if os.path.isdir(target) else "not a regular file (a FIFO, device or socket)"
         raise ValueError(
-            f"`path` must be a regular file or a new one: {target!r} is {kind}; nothing was "
-            f"written. Received: path={path!r}"
+            f"`{argument}` must be a regular file or a new one: {target!r} is {kind}; nothing was "
+            f"written. Received: {argument}={path!r}"
         )
+    return path, target
+
+
+def write_atomically(path, write, argument="path"):
+    """Writes the file `path` with `write(binary_file)`: to a temporary file
+    beside it, renamed over `path` only when whole (a reader never sees half
+    a file, and a failed write leaves the old file), keeping an existing
+    file's permission bits, through symbolic links, refusing anything but a
+    regular file (`check_target`), removing the temporaries of writes that
+    were killed. A failure names `argument` and `path`. Returns `path`,
+    `~` expanded."""
+    path, target = check_target(path, argument)
     directory, base = os.path.split(target)
-    os.makedirs(directory, exist_ok=True)
-    mode = file_mode(target)
     prefix = f".{base}.tmp-"
-    _remove_stale_temporaries(directory, prefix)
-    handle, tmp = tempfile.mkstemp(prefix=prefix, suffix=".npz", dir=directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        mode = file_mode(target)
+        _remove_stale_temporaries(directory, prefix)
+        handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+    except OSError as error:  # a file where a folder should be, a read-only disk
+        raise _naming(error, argument, path) from error
     try:
         if fcntl is not None:
             # Held until the rename: a concurrent write sees it is alive.
             fcntl.flock(handle, fcntl.LOCK_EX)
         with os.fdopen(handle, "wb", closefd=False) as f:
-            np.savez(f, **arrays)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    except OSError as error:  # a full disk
+        raise _naming(error, argument, path) from error
     finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
         os.close(handle)
     return path
+
+
+def _naming(error, argument, path):
+    """`error` (an OSError) saying what was being written."""
+    message = f"{error.strerror or error}: writing {argument}={path!r} failed; an existing file there is unchanged"
+    return type(error)(error.errno, message) if error.errno is not None else type(error)(message)
 
 
 def _remove_stale_temporaries(directory, prefix):
@@ -707,7 +739,7 @@ def _remove_stale_temporaries(directory, prefix):
     if fcntl is None:
         return
     for entry in os.scandir(directory):
-        if not (entry.name.startswith(prefix) and entry.name.endswith(".npz")):
+        if not entry.name.startswith(prefix):
             continue
         try:
             fd = os.open(entry.path, os.O_RDONLY)

@@ -447,6 +447,47 @@ def test_a_full_disk_stops_with_one_message_and_keeps_the_last_checkpoint(tmp_pa
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
 
 
+def test_a_disk_too_full_for_the_next_checkpoint_is_refused_before_writing(tmp_path, monkeypatch):
+    """On a real full disk (a tmpfs) the error came, then the process died
+    of a segmentation fault as it exited: h5py's half-written file, which
+    Keras' `save_weights` leaves open, fails its flush at the exit. The
+    checkpoint is now refused before its file is begun. Here the disk
+    reports 1,000 bytes free from the third save on."""
+    from keras_vit.training import callbacks
+
+    real, calls = shutil.disk_usage, []
+
+    def disk_usage(path):
+        calls.append(path)
+        usage = real(path)
+        return usage._replace(free=1000) if len(calls) >= 3 else usage
+
+    monkeypatch.setattr(callbacks.shutil, "disk_usage", disk_usage)
+    saves = []
+    model = _small_model()
+    model.save_weights = lambda *args, **kwargs: (saves.append(args[0]), keras.Model.save_weights(model, *args,
+                                                                                                 **kwargs))
+    directory = tmp_path / "backup"
+    with pytest.raises(training.CheckpointWriteError, match=(
+            rf"^Writing the checkpoint of step 3 in {directory} failed: the disk is full \(the checkpoint needs "
+            r"about 0.\d MiB and 0.0 MiB are free; nothing was written\). The last good checkpoint is kept "
+            r"\(step-000000000002.weights.h5\); free space and run the same command again")):
+        _small_fit(model, directory)
+    assert len(saves) == 2  # the third was never begun
+    assert sorted(os.listdir(directory)) == ["backup.lock", "checkpoint.json", "step-000000000002.weights.h5"]
+    monkeypatch.undo()
+    model = _small_model()
+    assert _small_fit(model, directory).resumed_from["step"] == 2
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
+
+
+def test_backup_dir_expands_the_home_folder(tmp_path, monkeypatch):
+    # "~/ckpt" made a folder named "~" in the working directory; every other
+    # keras_vit path expands it.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert training.BackupAndResume("~/ckpt").backup_dir == str(tmp_path / "ckpt")
+
+
 def test_a_checkpoint_failure_not_of_the_disk_says_so(tmp_path):
     """A RuntimeError that is not the disk's (JAX's "Fetching value for
     jax.Array that spans non-addressable devices": weights sharded over

@@ -855,6 +855,9 @@ def test_padded_batch_metrics_count_the_real_examples_only():
     assert padded["accuracy"] == pytest.approx(np.mean(logits.argmax(-1) == y[:5].argmax(-1)))
     assert padded["examples"] == 5.0
     assert model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)["examples"] == 8.0
+    # Rows, not the weights' sum (which `class_weight` or other weights made 6.5 here).
+    other = np.array([1, 2, 0.5, 1, 2, 0, 0, 0], "float32")
+    assert model.evaluate(x, y, sample_weight=other, batch_size=8, verbose=0, return_dict=True)["examples"] == 5.0
     # Class-index labels (`sparse=True`): the same numbers (the one-hot accuracy gave nonsense).
     sparse = training.SoftmaxCrossEntropy(sparse=True)
     model.compile("sgd", loss=sparse, weighted_metrics=training.padded_batch_metrics(sparse))

@@ -231,6 +231,37 @@ def test_export_timm_round_trips_through_timms_own_loader(kind, tmp_path):
     assert_close_rel(again.predict(images(), verbose=0), ours, tol=1e-6)
 
 
+@pytest.mark.one_backend  # file handling; the round trips above run on every backend
+@pytest.mark.skipif(os.name != "posix", reason="file locks and symbolic links")
+def test_export_timm_writes_its_files_as_export_npz_does(tmp_path):
+    """A killed export's temporaries stayed forever in the folder meant for
+    the Hub (each a copy of the weights); a symbolic link was replaced by a
+    file; a `config.json` that could not be written failed after the new
+    weights had replaced the old ones."""
+    model = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, patch_size=8,
+                          input_shape=(32, 32, 3), num_classes=5)
+    directory = tmp_path / "export"
+    directory.mkdir()
+    (directory / ".model.safetensors.tmp-killed").write_bytes(b"half a file")  # no live export holds it
+    elsewhere = tmp_path / "kept" / "config.json"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("{}")
+    (directory / "config.json").symlink_to(elsewhere)
+    keras_vit.export_timm(model, directory)
+    assert sorted(os.listdir(directory)) == ["config.json", "model.safetensors"]
+    assert (directory / "config.json").is_symlink() and json.loads(elsewhere.read_text())["num_classes"] == 5
+    weights = (directory / "model.safetensors").read_bytes()
+    (directory / "config.json").unlink()
+    (directory / "config.json").mkdir()
+    randomize = np.random.default_rng(1)
+    for variable in model.weights:
+        variable.assign(randomize.normal(size=tuple(variable.shape)).astype("float32"))
+    with pytest.raises(ValueError, match=r"`directory` must be a regular file or a new one: .*config.json' is a "
+                                         r"directory; nothing was written"):
+        keras_vit.export_timm(model, directory)
+    assert (directory / "model.safetensors").read_bytes() == weights
+
+
 def test_a_non_square_patch_exports_as_timms_pair(tmp_path):
     """`patch_size=(8, 4)` was written as 8: timm refused the position
     embedding's size and `from_timm` could not infer the grid."""

@@ -2,6 +2,7 @@
 registered names and downloads (from a local HTTP server)."""
 
 import ast
+import errno
 import hashlib
 import http.server
 import io
@@ -557,6 +558,37 @@ def test_export_writes_only_regular_files(tmp_path):
         keras_vit.export_npz(model, "")
     assert stat.S_ISFIFO(fifo.stat().st_mode) and link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.npz"]
+
+
+@pytest.mark.one_backend
+def test_export_paths_that_name_a_folder_or_fail_say_so(tmp_path, monkeypatch):
+    """A trailing separator wrote a file named like the folder, which the
+    same path could not read back; a failed write (a full disk, a file where
+    a folder should be) raised the system's bare error, naming no argument."""
+    model = randomize_weights(tiny())
+    adapted = keras_vit.enable_lora(tiny(), rank=2)
+    for save, argument in ((keras_vit.export_npz, model), (keras_vit.save_lora, adapted)):
+        with pytest.raises(ValueError, match=r"ends with a separator, so it names a folder, not a file; nothing was "
+                                             r"written. Received: path='.*/out/'"):
+            save(argument, f"{tmp_path / 'out'}{os.sep}")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "afile").write_bytes(b"")
+    with pytest.raises(FileExistsError, match=r"writing path='.*afile/model.npz' failed; an existing file there is "
+                                              r"unchanged"):
+        keras_vit.export_npz(model, tmp_path / "afile" / "model.npz")
+    kept = keras_vit.export_npz(model, tmp_path / "model.npz")
+    before = (tmp_path / "model.npz").read_bytes()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", full_disk)
+    with pytest.raises(OSError, match=rf"No space left on device: writing path='{kept}' failed; an existing file "
+                                      r"there is unchanged") as error:
+        keras_vit.export_npz(randomize_weights(tiny()), kept)
+    assert error.value.errno == errno.ENOSPC
+    assert (tmp_path / "model.npz").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "model.npz"]
 
 
 # --- Head, pre_logits and resolution rules -----------------------------------
