@@ -8,6 +8,7 @@ import keras
 from keras_vit import distribute
 from keras_vit.layers.utils import check_bool
 from keras_vit.layers.utils import check_head_trains
+from keras_vit.layers.utils import head_dtype
 from keras_vit.layers.utils import head_layer
 from keras_vit.layers.utils import positive_int
 from keras_vit.models.vit_model import ViTModel
@@ -60,8 +61,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         activation=activation,
         kernel_initializer="zeros",
         bias_initializer=keras.initializers.Constant(bias),
-        # Logits stay float32 under mixed precision, as in `ViT`.
-        dtype="float32",
+        dtype=head_dtype(),  # float32 under mixed precision, as in `ViT`
         name="head",
     )(features)
     # One input stays one tensor (not a list of one), as `ViT` builds it, so

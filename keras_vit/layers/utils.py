@@ -109,6 +109,14 @@ def named_seed_generator(layer, seed):
         return keras.random.SeedGenerator(seed, name="seed_generator")
 
 
+def head_dtype():
+    """The dtype of heads (logits, MPP's predictions): float32 under a
+    16-bit policy (mixed or not), so that the logits and the loss keep
+    float32's range; else the global policy's (a float64 model's logits
+    are float64)."""
+    return "float32" if keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16") else None
+
+
 def head_layer(model):
     """`model`'s classification head (the layer named `head`), or None."""
     try:

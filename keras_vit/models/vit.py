@@ -5,7 +5,7 @@ import keras
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.position_embedding import INTERPOLATIONS
-from keras_vit.layers.utils import check_bool, check_rate, is_int, is_real, normalize_pair, positive_int
+from keras_vit.layers.utils import check_bool, check_rate, head_dtype, is_int, is_real, normalize_pair, positive_int
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.models.vit_model import ViTModel
 from keras_vit.weights import load_weights
@@ -390,8 +390,7 @@ def ViT(
             activation=classifier_activation,
             kernel_initializer="zeros",
             bias_initializer=keras.initializers.Constant(fields["head_bias_init"]),
-            # Logits stay float32 under mixed precision.
-            dtype="float32",
+            dtype=head_dtype(),  # float32 under mixed precision
             name="head",
         )(x)
     elif pool_method is not None:

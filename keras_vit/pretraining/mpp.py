@@ -55,6 +55,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON
+from keras_vit.layers.utils import head_dtype
 from keras_vit.layers.utils import is_real
 from keras_vit.layers.utils import named_seed_generator
 from keras_vit.layers.utils import normalize_pair
@@ -463,16 +464,16 @@ class MaskedPatchPrediction(SurvivesFailedSteps, keras.Model):
             outputs = self.patch_size[0] * self.patch_size[1] * 3
         self.transform = self.transform_norm = None
         # The head computes in float32 under mixed precision, as the
-        # classifier's does (`keras_vit.ViT`).
+        # classifier's does (`keras_vit.ViT`): `head_dtype`.
         if head_hidden_size is not None:
             self.transform = keras.layers.Dense(
-                head_hidden_size, kernel_initializer="glorot_uniform", dtype="float32", name="mpp_transform"
+                head_hidden_size, kernel_initializer="glorot_uniform", dtype=head_dtype(), name="mpp_transform"
             )
             self.transform_norm = keras.layers.LayerNormalization(
-                epsilon=LAYER_NORM_EPSILON, dtype="float32", name="mpp_transform_norm"
+                epsilon=LAYER_NORM_EPSILON, dtype=head_dtype(), name="mpp_transform_norm"
             )
         # Zero-initialised like the classification head of the original.
-        self.head = keras.layers.Dense(outputs, kernel_initializer="zeros", dtype="float32", name="mpp_head")
+        self.head = keras.layers.Dense(outputs, kernel_initializer="zeros", dtype=head_dtype(), name="mpp_head")
         # Accuracy for the classification targets (`"pixels"` has none).
         self.accuracy_tracker = None if target == "pixels" else keras.metrics.Mean(name="accuracy")
         self.build((None, *self.image_shape))

@@ -334,6 +334,10 @@ def _built(layer, shape):
     (lambda: layers.TransformerEncoderBlock(num_heads=2, mlp_dim=8, layer_norm_epsilon=0), "layer_norm_epsilon=0"),
     # 6 channels passed as a grouped convolution on JAX.
     (lambda: _built(layers.ImageSizeCheck(4), (1, 8, 8, 3))(np.ones((1, 8, 8, 6), "float32")), r"must have 3 channel"),
+    # Channels-first images were told about grey-scale and RGBA.
+    (lambda: _built(layers.ImageSizeCheck(4), (1, 8, 8, 3))(np.ones((1, 3, 8, 8), "float32")),
+     r"must have 3 channel\(s\), as the model's input. These look channels-first: keras_vit models take \(batch, "
+     r"height, width, channels\)"),
 ])
 def test_layer_arguments_are_checked(build, match):
     with pytest.raises(ValueError, match=match):

@@ -252,6 +252,30 @@ def test_a_fixed_size_model_refuses_other_sizes_in_fit_evaluate_and_predict():
         half.predict(np.ones((2, 48, 32, 3), "float32"), verbose=0)
 
 
+def test_a_float64_model_gives_float64_logits():
+    """Under a float64 policy the head was float32 (as under mixed
+    precision): the logits came back float32, 1e-7 from float64's."""
+    if keras.backend.backend() == "jax" and not __import__("jax").config.jax_enable_x64:
+        pytest.skip("float64 on JAX needs JAX_ENABLE_X64")
+    # floatx too: PyTorch's and JAX's Keras otherwise take float64 arrays in as float32.
+    keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
+    try:
+        model = randomize_weights(keras_vit.ViT(None, **TINY))
+        images = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3))
+        logits = model.predict(images, verbose=0)
+        head = model.get_layer("head")
+        features = keras.ops.convert_to_numpy(keras.Model(model.input, head.input).predict(images, verbose=0))
+    finally:
+        keras.config.set_floatx("float32")
+        keras.config.set_dtype_policy("float32")
+    assert logits.dtype == np.float64 and {v.dtype for v in model.weights} == {"float64"}
+    if keras.backend.backend() == "torch":
+        return  # Keras' PyTorch matmul computes float64 operands at float32's precision (Keras 3.15)
+    kernel, bias = (keras.ops.convert_to_numpy(v) for v in head.weights)
+    np.testing.assert_allclose(logits, features @ kernel + bias, rtol=1e-12, atol=1e-12)
+
+
 def test_input_tensor():
     inputs = keras.Input((32, 32, 3))
     model = keras_vit.ViT(None, input_tensor=inputs, include_top=False, pooling="gap", **{
