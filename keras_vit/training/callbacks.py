@@ -344,7 +344,7 @@ class BackupAndResume(keras.callbacks.Callback):
         if self._is_writer():
             try:
                 _acquire_lock(self.backup_dir)
-            except RuntimeError as error:
+            except (RuntimeError, CheckpointWriteError) as error:
                 refused = error
         if any(distribute.all_processes(refused is not None)):
             raise refused or RuntimeError(
@@ -1008,7 +1008,12 @@ def _check_stored_step(model, path, step):
 def _acquire_lock(directory):
     """An exclusive OS lock on `directory`/backup.lock, held while `fit`
     runs (`keras_vit.locks`)."""
-    holder = locks.acquire(os.path.join(directory, _LOCK))
+    try:
+        holder = locks.acquire(os.path.join(directory, _LOCK))
+    except OSError as error:  # a read-only disk, a folder named backup.lock
+        raise CheckpointWriteError(
+            f"The backup directory {directory} cannot hold the run's lock file {_LOCK}: {error.strerror or error}. "
+            f"Use a writable `backup_dir`. Received: backup_dir={directory!r}") from error
     if holder is not None:
         raise RuntimeError(
             f"Another run is using the backup directory {directory} ({holder}); "

@@ -253,6 +253,12 @@ def _download(origin, directory, name, validate, needs_length=False):
         path = os.path.join(directory, name)
         _write_record(path, _sha256(fresh))
         os.replace(fresh, path)
+    except OSError as error:
+        if error.errno is None:  # ours (a stall), saying so already
+            raise
+        # A full disk: the system's words alone named no file.
+        raise type(error)(error.errno, f"{error.strerror}: caching {origin} in {directory} failed. Nothing was "
+                          "cached (a file cached before is unchanged).") from error
     finally:
         shutil.rmtree(partial, ignore_errors=True)
 

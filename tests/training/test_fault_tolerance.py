@@ -481,6 +481,15 @@ def test_a_disk_too_full_for_the_next_checkpoint_is_refused_before_writing(tmp_p
     assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 4
 
 
+def test_a_backup_dir_that_cannot_hold_the_lock_is_named(tmp_path):
+    # A folder named backup.lock (or a read-only disk) gave the system's bare IsADirectoryError.
+    (tmp_path / "backup.lock").mkdir(parents=True)
+    with pytest.raises(training.CheckpointWriteError, match=rf"The backup directory {tmp_path} cannot hold the run's "
+                                                            rf"lock file backup.lock: Is a directory\. .* Received: "
+                                                            rf"backup_dir='{tmp_path}'"):
+        _small_fit(_small_model(), tmp_path)
+
+
 def test_backup_dir_expands_the_home_folder(tmp_path, monkeypatch):
     # "~/ckpt" made a folder named "~" in the working directory; every other
     # keras_vit path expands it.

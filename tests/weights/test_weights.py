@@ -1168,6 +1168,24 @@ def test_files_the_cache_writes_are_writable_by_their_owner_only(bucket, tmp_pat
 
 
 @pytest.mark.one_backend
+def test_a_refresh_on_a_full_disk_names_the_download(bucket, tmp_path, monkeypatch):
+    # The system's words alone ("No space left on device") named no file.
+    model = tiny()
+    good = npz_bytes(tmp_path, randomize_weights(tiny(), seed=1))
+    bucket.files[BUCKET_PATH] = good
+    fetch_into(model)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(keras.utils, "get_file", full_disk)
+    with pytest.raises(OSError, match=r"No space left on device: caching http://127\.0\.0\.1:\d+/.* in .* failed\. "
+                                      r"Nothing was cached \(a file cached before is unchanged\)\."):
+        cache.fetch(BUCKET_PATH, validate=lambda p: prepare_npz(model, p), refresh=True)
+    assert cached_path(tmp_path).read_bytes() == good
+
+
+@pytest.mark.one_backend
 @pytest.mark.parametrize("fault", ["html", "truncated", "missing"])
 def test_failed_refresh_keeps_the_cached_file(bucket, tmp_path, fault):
     # Before: `refresh=True` deleted the cached file first, so a failed
