@@ -30,27 +30,51 @@ def acquire(path):
         import fcntl
     except ImportError:
         return None
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     key = os.path.realpath(path)
     held = _HELD.pop(key, None)
     if held is not None:
         held.close()
-    handle = open(path, "a+", encoding="utf-8")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as error:
-        if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            # A file system without `flock` (some network and FUSE mounts):
-            # no lock, as where `fcntl` is missing.
+    for attempt in range(100):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        try:
+            handle = open(path, "a+", encoding="utf-8")
+        except FileNotFoundError:  # its folder removed meanwhile (`delete_on_finish`)
+            if attempt == 99:
+                raise
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                # A file system without `flock` (some network and FUSE mounts):
+                # no lock, as where `fcntl` is missing.
+                handle.close()
+                return None
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
             handle.close()
-            return None
-        handle.seek(0)
-        holder = handle.read().strip() or "unknown"
+            return holder
+        if _is_at(handle, path):
+            break
+        # The holder deleted the file between our open and our lock (a
+        # finished run removing its files): a lock on it would shut out no
+        # one, as the next process creates a new file. Lock the one there now.
         handle.close()
-        return holder
+    else:
+        return "unknown (the lock file kept being replaced)"
     _write_holder(handle)
     _HELD[key] = handle
     return None
+
+
+def _is_at(handle, path):
+    """Whether the open file `handle` is the file at `path` now."""
+    try:
+        there = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(handle.fileno())
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
 
 
 def _write_holder(handle):
@@ -61,7 +85,9 @@ def _write_holder(handle):
 
 
 def release(path):
-    """Releases a lock this process holds on `path` (nothing if none)."""
+    """Releases a lock this process holds on `path` (nothing if none). To
+    remove the file, remove it first, then release (`acquire` checks that
+    the file it locked is still the one at `path`)."""
     handle = _HELD.pop(os.path.realpath(path), None)
     if handle is not None:
         handle.close()

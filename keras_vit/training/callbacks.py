@@ -589,8 +589,11 @@ class BackupAndResume(keras.callbacks.Callback):
             own = _WEIGHTS_NAME.match(bare) or _LORA_NAME.match(bare)
             if own or name in (_POINTER, f".tmp-{_POINTER}"):
                 _remove(os.path.join(self.backup_dir, name))
-        _release_lock(self.backup_dir)
+        # Removed while held, then released: a run starting now locks the
+        # new file its `acquire` finds, never the removed one (which would
+        # let a third run in beside it).
         _remove(os.path.join(self.backup_dir, _LOCK))
+        _release_lock(self.backup_dir)
         try:
             os.rmdir(self.backup_dir)
         except OSError:  # not empty: the user's files stay

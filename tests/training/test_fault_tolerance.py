@@ -722,6 +722,40 @@ def test_a_second_run_on_the_directory_is_refused_until_the_first_dies(tmp_path)
     _small_fit(_small_model(), directory)
 
 
+@pytest.mark.skipif(os.name != "posix", reason="flock")
+def test_a_lock_file_removed_while_it_is_taken_is_taken_again(tmp_path, monkeypatch):
+    """A run finishing with `delete_on_finish=True` released its lock, then
+    removed backup.lock: a run that had opened the file just before locked
+    a removed file, and a third run locked a new one beside it (two runs
+    on one directory, each deleting the other's checkpoints). The finishing
+    run now removes the file first, and `acquire` locks the file that is at
+    the path."""
+    import fcntl
+
+    from keras_vit import locks
+
+    path = tmp_path / "backup.lock"
+    path.write_text("pid 1 on a finishing run\n")
+    real, calls = fcntl.flock, []
+
+    def flock(handle, operation):
+        calls.append(operation)
+        if len(calls) == 1:
+            path.unlink()  # between this process's open and its lock
+        return real(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    assert locks.acquire(str(path)) is None and len(calls) == 2
+    monkeypatch.undo()
+    try:
+        other = "import fcntl, sys; fcntl.flock(open(sys.argv[1]), fcntl.LOCK_EX | fcntl.LOCK_NB)"
+        done = subprocess.run([sys.executable, "-c", other, str(path)], capture_output=True, text=True)
+        assert done.returncode != 0 and "BlockingIOError" in done.stderr  # held: another run is refused
+        assert path.read_text().startswith(f"pid {os.getpid()} on ")
+    finally:
+        locks.release(str(path))
+
+
 def test_locks_on_a_file_system_without_flock(tmp_path, monkeypatch):
     """Some network and FUSE mounts answer `flock` with ENOLCK: no lock
     there (as on Windows), not "another run holds it" for every run."""
