@@ -61,7 +61,7 @@ def reset_head(model, num_classes, keep_pre_logits=False, activation=None, bias=
         activation=activation,
         kernel_initializer="zeros",
         bias_initializer=keras.initializers.Constant(bias),
-        dtype=head_dtype(),  # float32 under mixed precision, as in `ViT`
+        dtype=head_dtype(features.dtype),  # the model's, not the global policy's; float32 under mixed precision
         name="head",
     )(features)
     # One input stays one tensor (not a list of one), as `ViT` builds it, so

@@ -207,14 +207,16 @@ class ImageSizeCheck(keras.layers.Layer):
         sides it knows (e.g. before Keras' `predict`, which a failed first
         step leaves the model's variables empty after on JAX)."""
         if self.channels is not None and isinstance(shape[-1], int) and shape[-1] != self.channels:
-            if len(shape) == 4 and shape[1] == self.channels:
+            if len(shape) == 4 and shape[1] == self.channels and shape[-1] > 4:  # too many for channels
                 fix = ("These look channels-first: keras_vit models take (batch, height, width, channels), "
-                       "whatever keras.config.image_data_format() says (`np.transpose(images, (0, 2, 3, 1))`).")
-            else:
+                       "whatever keras.config.image_data_format() says (`np.transpose(images, (0, 2, 3, 1))`). ")
+            elif self.channels == 3 and shape[-1] in (1, 4):
                 fix = ("Grey-scale images take their channel repeated (`np.repeat(images, 3, axis=-1)`); RGBA "
-                       "images drop alpha.")
+                       "images drop alpha. ")
+            else:
+                fix = ""
             raise ValueError(
-                f"The images must have {self.channels} channel(s), as the model's input. {fix} "
+                f"The images must have {self.channels} channel(s), as the model's input. {fix}"
                 f"Received: images of shape {tuple(shape)}"
             )
         expected = self.image_size or (None, None)

@@ -109,12 +109,13 @@ def named_seed_generator(layer, seed):
         return keras.random.SeedGenerator(seed, name="seed_generator")
 
 
-def head_dtype():
-    """The dtype of heads (logits, MPP's predictions): float32 under a
-    16-bit policy (mixed or not), so that the logits and the loss keep
-    float32's range; else the global policy's (a float64 model's logits
-    are float64)."""
-    return "float32" if keras.config.dtype_policy().compute_dtype in ("float16", "bfloat16") else None
+def head_dtype(compute_dtype):
+    """The dtype of a head (logits, MPP's predictions) on features computed
+    in `compute_dtype`: float32 for 16-bit ones (mixed precision or not),
+    so that the logits and the loss keep float32's range; else the
+    features' own (a float64 model's logits are float64)."""
+    compute_dtype = keras.backend.standardize_dtype(compute_dtype)
+    return "float32" if compute_dtype in ("float16", "bfloat16") else compute_dtype
 
 
 def head_layer(model):

@@ -390,7 +390,7 @@ def ViT(
             activation=classifier_activation,
             kernel_initializer="zeros",
             bias_initializer=keras.initializers.Constant(fields["head_bias_init"]),
-            dtype=head_dtype(),  # float32 under mixed precision
+            dtype=head_dtype(x.dtype),  # float32 under mixed precision
             name="head",
         )(x)
     elif pool_method is not None:

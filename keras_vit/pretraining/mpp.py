@@ -464,16 +464,17 @@ class MaskedPatchPrediction(SurvivesFailedSteps, keras.Model):
             outputs = self.patch_size[0] * self.patch_size[1] * 3
         self.transform = self.transform_norm = None
         # The head computes in float32 under mixed precision, as the
-        # classifier's does (`keras_vit.ViT`): `head_dtype`.
+        # classifier's does (`keras_vit.ViT`), and in float64 on a float64 backbone.
+        dtype = head_dtype(backbone.output.dtype)
         if head_hidden_size is not None:
             self.transform = keras.layers.Dense(
-                head_hidden_size, kernel_initializer="glorot_uniform", dtype=head_dtype(), name="mpp_transform"
+                head_hidden_size, kernel_initializer="glorot_uniform", dtype=dtype, name="mpp_transform"
             )
             self.transform_norm = keras.layers.LayerNormalization(
-                epsilon=LAYER_NORM_EPSILON, dtype=head_dtype(), name="mpp_transform_norm"
+                epsilon=LAYER_NORM_EPSILON, dtype=dtype, name="mpp_transform_norm"
             )
         # Zero-initialised like the classification head of the original.
-        self.head = keras.layers.Dense(outputs, kernel_initializer="zeros", dtype=head_dtype(), name="mpp_head")
+        self.head = keras.layers.Dense(outputs, kernel_initializer="zeros", dtype=dtype, name="mpp_head")
         # Accuracy for the classification targets (`"pixels"` has none).
         self.accuracy_tracker = None if target == "pixels" else keras.metrics.Mean(name="accuracy")
         self.build((None, *self.image_shape))

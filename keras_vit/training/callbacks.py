@@ -761,7 +761,8 @@ def _check_free_space(model, directory):
     the model's and the optimizer's variables, plus 1 to 2.3 KiB of HDF5
     records each (ViT-B/16: 343.7 MB for 343.2 MB of weights)."""
     variables = list(model.variables) + list(getattr(model.optimizer, "variables", []))
-    needed = sum(math.prod(v.shape) * _itemsize(v.dtype) + 2560 for v in variables) + 2**16
+    # The values' dtype: JAX without x64 holds a float64 variable in float32.
+    needed = sum(math.prod(v.shape) * _itemsize(v.value.dtype) + 2560 for v in variables) + 2**16
     free = shutil.disk_usage(directory).free
     if free < needed:
         raise _DiskFull(errno.ENOSPC, f"the checkpoint needs about {needed / 2**20:.1f} MiB and "

@@ -32,8 +32,10 @@ class ExampleCount(keras.metrics.Metric):
         else:
             weight = ops.cast(sample_weight, "float32")
             if len(weight.shape) > 1:  # a weight per output: a row counts if any is not 0
-                weight = ops.max(ops.abs(ops.reshape(weight, (ops.shape(weight)[0], -1))), axis=-1)
-            count = ops.sum(ops.cast(ops.not_equal(weight, 0), "float32"))
+                weight = ops.max(ops.abs(weight), axis=tuple(range(1, len(weight.shape))), initial=0.0)
+            # A scalar or (1,) weight stands for every row.
+            rows = ops.broadcast_to(ops.cast(ops.not_equal(weight, 0), "float32"), (ops.shape(y_true)[0],))
+            count = ops.sum(rows)
         self.total.assign_add(ops.cast(count, "float32"))
 
     def result(self):

@@ -242,6 +242,8 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
 
     anatomy(model)  # names what is not a keras_vit model
     directory = os.path.expanduser(os.fspath(directory))
+    if not isinstance(directory, str) or not directory.strip():
+        raise ValueError(f"`directory` must be the path of a folder. Received: directory={directory!r}")
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise ValueError(f"`directory` is a file, not a folder. Received: directory={directory!r}")
     pixel_mean, pixel_std = check_pixel_stats(pixel_mean, pixel_std)

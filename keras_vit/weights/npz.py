@@ -658,6 +658,11 @@ def file_mode(target):
     return 0o666 & ~umask
 
 
+# The suffix of the temporary files of writes (`write_atomically`): only
+# these are taken for a killed write's.
+_PARTIAL = ".keras_vit-partial"
+
+
 def write_npz(path, arrays):
     """Writes `arrays` (name -> array) to the `.npz` file `path` as
     `export_npz` writes a checkpoint (see `write_atomically`). Returns
@@ -675,10 +680,10 @@ def check_target(path, argument="path"):
     if not isinstance(path, str) or not path.strip():
         raise ValueError(f"`{argument}` must be the path of a file. Received: {argument}={path!r}")
     path = os.path.expanduser(path)  # as `load_weights` reads it
-    if path.endswith(("/", os.sep)):
+    if path.endswith(("/", os.sep)) or os.path.basename(path) in (".", ".."):
         # `realpath` drops the slash: a file named like the folder was written.
-        raise ValueError(f"`{argument}` ends with a separator, so it names a folder, not a file; nothing was "
-                         f"written. Received: {argument}={path!r}")
+        raise ValueError(f"`{argument}` ends with a separator (or '.'), so it names a folder, not a file; nothing "
+                         f"was written. Received: {argument}={path!r}")
     target = os.path.realpath(path)  # Through symbolic links.
     # Only regular files are replaced: renaming over a FIFO or a device node
     # (as root, `/dev/null`) would replace it with a regular file.
@@ -706,13 +711,10 @@ def write_atomically(path, write, argument="path"):
         os.makedirs(directory, exist_ok=True)
         mode = file_mode(target)
         _remove_stale_temporaries(directory, prefix)
-        handle, tmp = tempfile.mkstemp(prefix=prefix, dir=directory)
+        handle, tmp = _locked_temporary(directory, prefix)
     except OSError as error:  # a file where a folder should be, a read-only disk
         raise _naming(error, argument, path) from error
     try:
-        if fcntl is not None:
-            # Held until the rename: a concurrent write sees it is alive.
-            fcntl.flock(handle, fcntl.LOCK_EX)
         with os.fdopen(handle, "wb", closefd=False) as f:
             write(f)
             f.flush()
@@ -728,6 +730,23 @@ def write_atomically(path, write, argument="path"):
     return path
 
 
+def _locked_temporary(directory, prefix):
+    """A new temporary file `(fd, path)`, locked until closed: a concurrent
+    write sees it is alive. Another write's clean-up may remove it between
+    its creation and the lock; then a new one is made."""
+    while True:
+        handle, tmp = tempfile.mkstemp(prefix=prefix, suffix=_PARTIAL, dir=directory)
+        if fcntl is None:
+            return handle, tmp
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(handle), os.stat(tmp)):
+                return handle, tmp
+        except FileNotFoundError:
+            pass
+        os.close(handle)
+
+
 def _naming(error, argument, path):
     """`error` (an OSError) saying what was being written."""
     message = f"{error.strerror or error}: writing {argument}={path!r} failed; an existing file there is unchanged"
@@ -739,7 +758,8 @@ def _remove_stale_temporaries(directory, prefix):
     if fcntl is None:
         return
     for entry in os.scandir(directory):
-        if not entry.name.startswith(prefix):
+        if not (entry.name.startswith(prefix) and entry.name.endswith(_PARTIAL)
+                and entry.is_file(follow_symlinks=False)):
             continue
         try:
             fd = os.open(entry.path, os.O_RDONLY)

@@ -344,6 +344,20 @@ def test_layer_arguments_are_checked(build, match):
         build()
 
 
+def test_the_channel_error_gives_the_fix_that_fits():
+    """Only images that look channels-first are told so (3x3 grey images and
+    3-pixel-high RGBA ones were), and the grey/RGBA advice only to 3-channel models."""
+    def message(channels, images):
+        with pytest.raises(ValueError) as error:
+            _built(layers.ImageSizeCheck(1), (1, 8, 8, channels))(np.ones(images, "float32"))
+        return str(error.value)
+
+    assert "channels-first" in message(3, (1, 3, 8, 8))
+    for images in ((1, 3, 3, 1), (1, 3, 8, 4)):
+        assert "channels-first" not in message(3, images) and "Grey-scale" in message(3, images)
+    assert "Grey-scale" not in message(1, (1, 8, 8, 3)) and "channels-first" not in message(4, (1, 8, 8, 3))
+
+
 def test_layer_sizes_from_numpy_are_ints():
     assert layers.ClassToken(num_tokens=np.int64(2)).num_tokens == 2
     assert layers.StdConv2D(np.int64(4), 3).filters == 4

@@ -270,6 +270,9 @@ def test_a_float64_model_gives_float64_logits():
         keras.config.set_floatx("float32")
         keras.config.set_dtype_policy("float32")
     assert logits.dtype == np.float64 and {v.dtype for v in model.weights} == {"float64"}
+    # A new head follows the model's dtype, not the global policy's.
+    assert keras_vit.reset_head(model, 3).get_layer("head").dtype == "float64"
+    assert keras_vit.reset_head(randomize_weights(keras_vit.ViT(None, **TINY)), 3).get_layer("head").dtype == "float32"
     if keras.backend.backend() == "torch":
         return  # Keras' PyTorch matmul computes float64 operands at float32's precision (Keras 3.15)
     kernel, bias = (keras.ops.convert_to_numpy(v) for v in head.weights)

@@ -834,6 +834,16 @@ def test_mixed_precision_training_step(policy, loss_tol, update_tol, float32_ste
             assert_close_rel(got - before, want - before, tol=update_tol, what=path)
 
 
+def test_example_count_of_empty_scalar_and_per_output_weights():
+    # (0, 1) weights failed to reshape on every backend; a scalar weight counted 1 row for the batch.
+    count = training.ExampleCount()
+    count.update_state(np.zeros((0, 4)), np.zeros((0, 4)), np.zeros((0, 1), "float32"))
+    assert float(count.result()) == 0.0
+    count.update_state(np.zeros((3, 4)), np.zeros((3, 4)), np.float32(2.0))
+    count.update_state(np.zeros((3, 4)), np.zeros((3, 4)), np.array([[0, 0], [0, 1], [2, 0]], "float32"))
+    assert float(count.result()) == 5.0
+
+
 def test_padded_batch_metrics_count_the_real_examples_only():
     """5 examples padded to a batch of 8 with weight-0 rows: `loss`,
     `accuracy` and `examples` are those of the 5, where Keras' own loss

@@ -242,7 +242,7 @@ def test_export_timm_writes_its_files_as_export_npz_does(tmp_path):
                           input_shape=(32, 32, 3), num_classes=5)
     directory = tmp_path / "export"
     directory.mkdir()
-    (directory / ".model.safetensors.tmp-killed").write_bytes(b"half a file")  # no live export holds it
+    (directory / ".model.safetensors.tmp-killed.keras_vit-partial").write_bytes(b"half a file")  # no live export
     elsewhere = tmp_path / "kept" / "config.json"
     elsewhere.parent.mkdir()
     elsewhere.write_text("{}")
@@ -260,6 +260,8 @@ def test_export_timm_writes_its_files_as_export_npz_does(tmp_path):
                                          r"directory; nothing was written"):
         keras_vit.export_timm(model, directory)
     assert (directory / "model.safetensors").read_bytes() == weights
+    with pytest.raises(ValueError, match=r"`directory` must be the path of a folder. Received: directory=''"):
+        keras_vit.export_timm(model, "")  # wrote into the working directory
 
 
 def test_a_non_square_patch_exports_as_timms_pair(tmp_path):

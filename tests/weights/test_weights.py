@@ -512,12 +512,16 @@ def test_export_cleans_temporaries_of_a_killed_export(tmp_path):
     leftovers = [p.name for p in tmp_path.iterdir()]
     assert len(leftovers) == 1 and not path.exists()  # The killed export's temporary.
     # A temporary that a live export holds locked is left alone.
-    busy = tmp_path / ".model.npz.tmp-busy.npz"
+    busy = tmp_path / ".model.npz.tmp-busy.keras_vit-partial"
     busy.write_bytes(b"writing")
+    # Files of the user's that share the prefix are not temporaries.
+    (tmp_path / ".model.npz.tmp-notes").write_text("mine")
+    (tmp_path / ".model.npz.tmp-dir.keras_vit-partial").mkdir()
     with open(busy, "rb") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         export(tmp_path, randomize_weights(tiny()), "model.npz")
-    assert sorted(p.name for p in tmp_path.iterdir()) == [busy.name, "model.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        busy.name, ".model.npz.tmp-dir.keras_vit-partial", ".model.npz.tmp-notes", "model.npz"]
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX modes and symbolic links")
@@ -568,9 +572,10 @@ def test_export_paths_that_name_a_folder_or_fail_say_so(tmp_path, monkeypatch):
     model = randomize_weights(tiny())
     adapted = keras_vit.enable_lora(tiny(), rank=2)
     for save, argument in ((keras_vit.export_npz, model), (keras_vit.save_lora, adapted)):
-        with pytest.raises(ValueError, match=r"ends with a separator, so it names a folder, not a file; nothing was "
-                                             r"written. Received: path='.*/out/'"):
-            save(argument, f"{tmp_path / 'out'}{os.sep}")
+        for suffix in (os.sep, f"{os.sep}."):
+            with pytest.raises(ValueError, match=r"ends with a separator \(or '\.'\), so it names a folder, not a file; "
+                                                 rf"nothing was written. Received: path='.*/out{re.escape(suffix)}'"):
+                save(argument, f"{tmp_path / 'out'}{suffix}")
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "afile").write_bytes(b"")
     with pytest.raises(FileExistsError, match=r"writing path='.*afile/model.npz' failed; an existing file there is "
