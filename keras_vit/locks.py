@@ -73,8 +73,7 @@ def _is_at(handle, path):
         there = os.stat(path)
     except FileNotFoundError:
         return False
-    mine = os.fstat(handle.fileno())
-    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+    return os.path.samestat(os.fstat(handle.fileno()), there)
 
 
 def _write_holder(handle):
