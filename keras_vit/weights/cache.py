@@ -123,7 +123,10 @@ def fetch(bucket_path, validate=None, origin=None, refresh=False, needs_length=F
 
 def _own_directory(directory):
     """Creates `directory` if needed; refuses one we cannot use or trust."""
+    named_by = next((name for name in ("KERAS_VIT_CACHE_DIR", "KERAS_HOME") if os.environ.get(name)), None)
     hint = "Set KERAS_VIT_CACHE_DIR to a directory of yours."
+    if named_by:  # the variable that chose it, which may be the mistake
+        hint = f"It comes from {named_by}={os.environ[named_by]!r}: point {named_by} at a directory of yours."
     try:
         # Created writable by its owner only, whatever the umask.
         os.makedirs(directory, mode=0o755, exist_ok=True)

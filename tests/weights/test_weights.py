@@ -1111,7 +1111,13 @@ def test_unusable_cache_directory_is_an_error_not_a_fallback(bucket, tmp_path, m
     blocker.write_text("")
     monkeypatch.setenv("KERAS_VIT_CACHE_DIR", str(blocker))
     bucket.files[BUCKET_PATH] = b"anything"
-    with pytest.raises(PermissionError, match=f"{blocker}/models/keras_vit.*KERAS_VIT_CACHE_DIR"):
+    with pytest.raises(PermissionError, match=f"{blocker}/models/keras_vit.*It comes from KERAS_VIT_CACHE_DIR="
+                                              f"'{blocker}': point KERAS_VIT_CACHE_DIR at a directory of yours"):
+        fetch_into(tiny())
+    # KERAS_HOME, when it chose the folder, is the one named (the advice was always KERAS_VIT_CACHE_DIR).
+    monkeypatch.delenv("KERAS_VIT_CACHE_DIR")
+    monkeypatch.setenv("KERAS_HOME", str(blocker))
+    with pytest.raises(PermissionError, match=f"It comes from KERAS_HOME='{blocker}': point KERAS_HOME at"):
         fetch_into(tiny())
     assert bucket.requests == []
 
