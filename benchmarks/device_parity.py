@@ -15,16 +15,15 @@ and PyTorch does so for convolutions (`torch.backends.cudnn.allow_tf32`).
 timm in float32 on the same device is the peer, under the same switch.
 Each row gives the largest logit error over the largest reference logit
 (the tests' `assert_close_rel`) and how many top-1 classes agree.
-Each backend and precision runs in its own process.
+Each backend and precision runs in its own process (`bench.run_backends`).
 """
 
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
+import bench
 import numpy as np
 from accelerator import device_name
 
@@ -141,20 +140,15 @@ def main(argv=None):
     args = parse_args(argv)
     if args.worker:
         set_precision(os.environ["KERAS_BACKEND"], args.precision)
-        return print(json.dumps(measure(args.model, args.precision, args.reference)))
+        for row in measure(args.model, args.precision, args.reference):
+            print(json.dumps(row), flush=True)
+        return None
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         path = reference(ARCHITECTURES[args.model], args.batch, folder)
-        for backend in args.backends.split(","):
-            for precision in args.precisions.split(","):
-                done = subprocess.run(
-                    [sys.executable, __file__, "--worker", f"--model={args.model}", f"--precision={precision}",
-                     f"--reference={path}"],
-                    env=dict(os.environ, KERAS_BACKEND=backend), capture_output=True, text=True)
-                if done.returncode:
-                    raise RuntimeError(f"{backend} ({precision}) failed:\n{done.stderr[-3000:]}")
-                rows += json.loads(done.stdout.strip().splitlines()[-1])
-                print(markdown(rows[-3:]).split("\n", 2)[-1], flush=True)
+        for precision in args.precisions.split(","):
+            rows += bench.run_backends(__file__, [f"--model={args.model}", f"--precision={precision}",
+                                                  f"--reference={path}"], args.backends.split(","))
     print(markdown(rows))
     if args.json:
         with open(args.json, "w") as file:
