@@ -1,6 +1,9 @@
 """keras_vit models of timm checkpoints (the Hugging Face Hub's ViT weights)."""
 
-from keras_vit.layers.utils import check_bool, positive_int
+import keras
+
+from keras_vit.layers.patch_embedding import ImageSizeCheck
+from keras_vit.layers.utils import check_bool, normalize_pair, positive_int
 from keras_vit.models.vit import ViT
 from keras_vit.weights import hub
 from keras_vit.weights import timm as timm_format
@@ -40,7 +43,9 @@ def from_timm(
         num_classes: classes of the head. None: the checkpoint's. Another
             number gets a zero-initialised head (paper Sec. 3.2).
         input_shape: `(height, width, 3)`; default the checkpoint's size. The
-            position embeddings are resampled to another grid. `(None, None,
+            position embeddings are resampled to another grid. Pixels past
+            the last whole patch are dropped, as timm does (SigLIP
+            so400m/14 at 384 px sees 378). `(None, None,
             3)`: a dynamic-size model storing the checkpoint's embeddings,
             resampled to each input's grid with `posemb_interpolation`.
         include_top: with the head (a checkpoint without one, such as DINOv2's,
@@ -100,12 +105,35 @@ def from_timm(
     if include_preprocessing:
         builder.update(include_preprocessing=True, pixel_mean=pretrained.get("mean", (0.5,) * 3),
                        pixel_std=pretrained.get("std", (0.5,) * 3))
-    model = ViT(None, name=name or _model_name(config["architecture"]), **{**builder, **kwargs})
+    options = {**builder, **kwargs}
+    _crop_uncovered_pixels(options)
+    model = ViT(None, name=name or _model_name(config["architecture"]), **options)
     # The model is the config's, but for the keywords given here on purpose
     # (e.g. gelu="quick" for OpenAI's CLIP weights).
     hub.load_timm(model, source, posemb_interpolation, revision, token, cache_dir, local_files_only,
                   check_numerics=False)
     return model
+
+
+def _crop_uncovered_pixels(options):
+    """timm's patch convolution drops the pixels past the last whole patch
+    (SigLIP so400m/14 at 384 px: 27 patches cover 378); keras_vit refuses
+    partial patches, so a fixed size that has them gets a model cropping
+    them first, as timm's result is."""
+    shape = options["input_shape"]
+    if options.get("input_tensor") is not None or not isinstance(shape, (tuple, list)) or None in tuple(shape)[:2]:
+        return
+    patch = normalize_pair(options["patch_size"], "patch_size")
+    height, width = (int(side) for side in tuple(shape)[:2])
+    rows, cols = height % patch[0], width % patch[1]
+    if not (rows or cols) or height < patch[0] or width < patch[1]:
+        return
+    images = keras.Input((height, width, *tuple(shape)[2:]), name="images")
+    # The size is checked before the crop, so that an error names the size the model takes.
+    checked = ImageSizeCheck((1, 1), image_size=(height, width), name="timm_image_size_check")(images)
+    cropped = keras.layers.Cropping2D(((0, rows), (0, cols)), data_format="channels_last",
+                                        name=timm_format.CROP_LAYER)(checked)
+    options.update(input_shape=(height - rows, width - cols, *tuple(shape)[2:]), input_tensor=cropped)
 
 
 def _model_name(architecture):

@@ -166,7 +166,8 @@ def load_timm(model, source, interpolation="bicubic_antialias", revision=None, t
     """Loads a timm checkpoint (`fetch`'s sources, or a `.safetensors` file)
     into an existing model, all or nothing (the state dict's keys and shapes
     are the check: `keras_vit.weights.timm.load_timm_state`; with
-    `check_numerics`, also the GELU and epsilon of the checkpoint's config);
+    `check_numerics`, also the GELU, epsilon and heads of the checkpoint's
+    config);
     logs and returns the notes on what was adapted. The checkpoint's patch
     grid is `source_grid`, else its config's (`img_size` / `patch_size`),
     else square."""
@@ -207,13 +208,14 @@ def _config_grid(args):
 
 def _check_numerics(model, expected):
     """The options a state dict's keys and shapes do not show (the GELU, the
-    LayerNorm epsilon) must be the checkpoint's: loading AugReg 2 weights
-    into the original architecture (tanh GELU) would run, a little off."""
+    LayerNorm epsilon, the number of heads: timm fuses them in `qkv`) must be
+    the checkpoint's: loading AugReg 2 weights into the original
+    architecture (tanh GELU) would run, a little off."""
     from keras_vit.anatomy import anatomy
 
     block = model.get_layer(anatomy(model).block_names[0])
     differences = [f"{name}: the model's {getattr(block, name)!r}, the checkpoint's {expected[name]!r}"
-                   for name in ("gelu", "layer_norm_epsilon") if getattr(block, name) != expected[name]]
+                   for name in ("gelu", "layer_norm_epsilon", "num_heads") if getattr(block, name) != expected[name]]
     if differences:
         raise ValueError(
             f"the model computes otherwise than the checkpoint ({'; '.join(differences)}): build it with "

@@ -233,7 +233,11 @@ def load_timm_state(model, state, interpolation="bicubic_antialias", source_grid
                      f"{target[0]}x{target[1]} patches (FlexiViT).")
     for key in sorted(set(mapping) & set(arrays)):
         variable, layout = mapping[key]
-        value = layout(arrays[key])
+        try:
+            value = layout(arrays[key])
+        except ValueError:  # a head split that cannot be done: another width or number of heads
+            wrong.append(f"{key}: {tuple(np.shape(arrays[key]))} (timm's layout) -> {tuple(variable.shape)} expected")
+            continue
         if tuple(value.shape) != tuple(variable.shape):
             wrong.append(f"{key}: {tuple(value.shape)} -> {tuple(variable.shape)} expected")
         elif not np.issubdtype(value.dtype, np.floating):
@@ -300,6 +304,9 @@ def builder_kwargs(args):
     if a["act_layer"] not in TIMM_GELUS:
         raise ValueError(f"keras_vit has no equivalent of timm's act_layer={a['act_layer']!r} "
                          f"(one of {sorted(TIMM_GELUS)}). Received: act_layer={a['act_layer']!r}")
+    if a["num_classes"] > 0 and not a["global_pool"]:
+        raise ValueError("keras_vit has no equivalent of timm's unpooled classifier (a head on every token). "
+                         f"Received: global_pool='', num_classes={a['num_classes']}")
     size = a["img_size"]
     size = (size, size) if isinstance(size, int) else tuple(size)
     pooled = a["global_pool"] or "token"
@@ -415,6 +422,9 @@ def config_args(config):
 # Back to timm.
 # ---------------------------------------------------------------------------
 
+# The layer of a `from_timm` model that drops the pixels past the last whole
+# patch, as timm's patch convolution does.
+CROP_LAYER = "timm_crop"
 # The timm architecture an export names, by LayerNorm epsilon: `model_args`
 # gives every other argument, but timm's `norm_layer` is not JSON, so the
 # entry point must set it (CLIP's sets 1e-5; pre_norm is overridden).
@@ -459,8 +469,11 @@ def timm_args(model):
     # written only when needed.
     include_prefix = global_pool in ("avg", "map") and parts.num_prefix_tokens > 0 and pool.num_prefix_tokens == 0
     patch = parts.embedding_patch_size
+    # A model that crops the pixels past its last whole patch (`from_timm`)
+    # takes the larger size, which timm's patch convolution crops likewise.
+    size = model.input_shape[1:3] if CROP_LAYER in names else parts.image_size
     return _EXPORT_ARCHITECTURES[block.layer_norm_epsilon], dict(
-        img_size=list(parts.image_size), embed_dim=parts.hidden_size,
+        img_size=list(size), embed_dim=parts.hidden_size,
         # timm takes (height, width); one int for the usual square patch.
         patch_size=patch[0] if patch[0] == patch[1] else list(patch),
         depth=parts.num_layers, num_heads=parts.num_heads, mlp_ratio=parts.mlp_dim / parts.hidden_size,

@@ -103,11 +103,20 @@ def test_a_state_dict_of_other_options_is_refused_and_nothing_changes():
     with pytest.raises(ValueError, match="ls1.gamma"):
         timm_weights.load_timm_state(model, state)
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))
+    # Another width whose heads cannot split timm's matrices: the same
+    # report, each key with its shapes, not numpy's reshape error.
+    wider = keras_vit.ViT(None, **timm_weights.builder_kwargs({**TINY, "embed_dim": 48, "num_heads": 3}))
+    before = wider.get_weights()
+    with pytest.raises(ValueError, match=r"does not fit the model(.|\n)*blocks.0.attn.proj.weight: \(32, 32\) "
+                                         r"\(timm's layout\) -> \(3, 16, 48\) expected"):
+        timm_weights.load_timm_state(wider, {k: v for k, v in state.items() if ".ls" not in k})
+    assert all(np.array_equal(a, b) for a, b in zip(before, wider.get_weights()))
 
 
 @pytest.mark.one_backend  # numpy only
 @pytest.mark.parametrize("arg, value", [("qkv_bias", False), ("global_pool", "max"), ("act_layer", "silu"),
-                                        ("proj_bias", False), ("dynamic_img_pad", True)])
+                                        ("proj_bias", False), ("dynamic_img_pad", True),
+                                        ("global_pool", "")])  # a head on every token
 def test_options_keras_vit_cannot_express_are_named(arg, value):
     with pytest.raises(ValueError, match=arg):
         timm_weights.builder_kwargs({arg: value})

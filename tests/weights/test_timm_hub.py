@@ -122,6 +122,34 @@ def test_another_resolution_resamples_the_position_embeddings_as_timm(tmp_path):
     assert_close_rel(ours.predict(images(48), verbose=0), logits, tol=1e-4)
 
 
+def test_pixels_past_the_last_whole_patch_are_dropped_as_timm_does(tmp_path):
+    """SigLIP so400m/14 at 384 px: timm's patch convolution covers 378 px and
+    drops the rest; here 36 px with 8 px patches (4 px left over)."""
+    name = "vit_so400m_patch14_siglip_384.webli"
+    model = timm_model(name, img_size=36, num_classes=5)
+    snapshot = publish(tmp_path, name)
+    save_for_hf(model, str(snapshot), model_args={**TINY, "img_size": 36, "num_classes": 5}, safe_serialization=True)
+    x = images(36)
+    logits, features = reference(model, x)
+    hub = dict(cache_dir=tmp_path, local_files_only=True)
+    ours = keras_vit.from_timm(name, **hub)
+    assert tuple(ours.input_shape) == (None, 36, 36, 3)
+    assert_close_rel(ours.predict(x, verbose=0), logits, tol=1e-4)
+    backbone = keras_vit.from_timm(name, include_top=False, input_shape=(36, 36, 3), **hub)
+    assert_close_rel(backbone.predict(x, verbose=0), features, tol=1e-4)
+    # The size the model takes is named, not the crop's (as a fixed-size
+    # model's: tests/models/test_models.py; a TensorFlow graph's reshape).
+    errors = (ValueError,)
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        errors += (tf.errors.InvalidArgumentError,)
+    with pytest.raises(errors, match=r"must be 36: this model takes images of 36x36 pixels|expected shape=\(None, "
+                                     r"36, 36, 3\)|Input to reshape is a tensor with 32 values, but the requested "
+                                     r"shape has 36"):
+        ours.predict(images(32), verbose=0)
+
+
 def test_another_patch_size_is_pi_resized(tmp_path, caplog):
     """Issue 25 with a timm checkpoint: `from_timm(name, patch_size=4)` at
     the same resolution (an 8x8 grid instead of 4x4)."""
@@ -194,6 +222,14 @@ def test_load_weights_by_hub_name_into_an_existing_model(tmp_path):
     with pytest.raises(ValueError, match="gelu: the model's 'tanh', the checkpoint's 'exact'"):
         keras_vit.load_weights(tanh, str(snapshot))
     assert all(np.array_equal(a, b) for a, b in zip(before, tanh.get_weights()))
+    # Other heads: timm fuses them in one qkv matrix, so only the config tells.
+    heads = keras_vit.ViT(None, hidden_size=32, mlp_dim=128, num_heads=4, num_layers=2, patch_size=8,
+                          input_shape=(32, 32, 3), num_classes=1000, gelu="exact", layer_scale_init=1e-6,
+                          no_embed_class=True)
+    before = heads.get_weights()
+    with pytest.raises(ValueError, match="num_heads: the model's 4, the checkpoint's 2"):
+        keras_vit.load_weights(heads, str(snapshot))
+    assert all(np.array_equal(a, b) for a, b in zip(before, heads.get_weights()))
 
 
 EXPORTED = {
