@@ -32,6 +32,7 @@ under the matching Keras backend.
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
@@ -685,10 +686,12 @@ def enable_determinism():
     `torch.use_deterministic_algorithms(True)` with the fixed cuBLAS
     workspace it needs). XLA on CPUs and TPUs is deterministic as it is;
     for JAX on GPUs set XLA's own flag in `XLA_FLAGS` before starting
-    (docs/recipes.md). A process-wide switch: it stays on."""
-    import tensorflow as tf
+    (docs/recipes.md). A process-wide switch: it stays on. Without
+    TensorFlow installed (no tf.data pipelines) only the backend's part."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        import tensorflow as tf
 
-    tf.config.experimental.enable_op_determinism()
+        tf.config.experimental.enable_op_determinism()
     if keras.backend.backend() == "torch":
         import torch
 

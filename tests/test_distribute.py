@@ -59,6 +59,31 @@ def run_child(function, env):
 # --------------------------------------------------------------------------
 
 
+def _determinism_without_tensorflow():
+    sys.modules["tensorflow"] = None  # as if not installed: `import tensorflow` fails
+    import keras
+
+    from keras_vit import distribute
+
+    distribute.enable_determinism()
+    enabled = None
+    if keras.backend.backend() == "torch":
+        import torch
+
+        enabled = torch.are_deterministic_algorithms_enabled()
+    print(json.dumps({"torch_deterministic": enabled}))
+
+
+@pytest.mark.one_backend  # each backend without TensorFlow, in its own process
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_determinism_needs_no_tensorflow(backend):
+    """A `pip install keras-vit[torch]` user (no TensorFlow, so no tf.data)
+    gets the backend's part: the switch raised ModuleNotFoundError."""
+    pytest.importorskip(backend)
+    result = run_child("_determinism_without_tensorflow", {"KERAS_BACKEND": backend})
+    assert result["torch_deterministic"] is (True if backend == "torch" else None)
+
+
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(ValueError, match="mode='gpu'"):
         distribute.get_distribution("gpu")
