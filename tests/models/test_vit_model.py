@@ -211,6 +211,47 @@ def test_a_failed_fit_keeps_the_last_completed_step_and_trains_on(steps_per_exec
     _assert_weights(model, reference.get_weights(), atol=1e-6)
 
 
+@JAX_ONLY
+@pytest.mark.parametrize("call", ["fit", "predict"])
+def test_ctrl_c_while_a_compiled_step_runs_keeps_its_new_state(call):
+    # A real SIGINT (a notebook's interrupt), delivered while the step runs:
+    # Python raises it as the call returns, after JAX consumed (donated) the
+    # state the step was given and before its new state was kept. Every
+    # weight was lost, every later call failing.
+    import signal
+
+    class Interrupted(ViTModel):
+        def _make_function(self, step_function, *args, **kwargs):
+            steps = []
+
+            def step(state, data):
+                result = step_function(state, data)
+                steps.append(1)
+                if len(steps) == 3:
+                    signal.raise_signal(signal.SIGINT)
+                return result
+
+            return super()._make_function(step, *args, **kwargs)
+
+    model = _compiled(_model())
+    reference = _compiled(_model())  # the same weights (same seed)
+    model.__class__ = Interrupted
+    images, labels = np.concatenate([IMAGES] * 2), np.concatenate([LABELS] * 2)
+    before = model.get_weights()
+    with pytest.raises(KeyboardInterrupt):
+        if call == "fit":
+            model.fit(images, labels, batch_size=2, shuffle=False, verbose=0)
+        else:
+            model.predict(images, batch_size=2, verbose=0)
+    if call == "fit":  # the third step's weights
+        reference.fit(images[:6], labels[:6], batch_size=2, shuffle=False, verbose=0)
+        _assert_weights(model, reference.get_weights())
+    else:
+        _assert_weights(model, before)
+    model.__class__ = ViTModel
+    np.testing.assert_array_equal(model.predict(IMAGES, verbose=0), reference.predict(IMAGES, verbose=0))
+
+
 @pytest.mark.parametrize("first", ["size", "ctrl_c"])
 def test_no_stale_state_is_written_back_after_a_failure(first):
     # Keras' JAX trainer keeps the last completed step's state to sync back
