@@ -105,34 +105,48 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
         raise ValueError(f"`rank` must be at most {largest}, the largest rank an update of {', '.join(targets)} can "
                          f"have in this model (per head for query, key and value). Received: rank={rank}")
     distribute.check_scope(model, "enable_lora")
-    if lora_layers(model):
-        raise ValueError(f"LoRA is already enabled on model {model.name!r} (rank "
-                         f"{lora_layers(model)[0].lora_rank}); enable it once. Received: rank={rank}")
-    check_head_trains(model, "enable_lora")
     adapted = [layer for block in blocks for target in targets for layer in _target_layers(block, target)]
+    enabled = lora_layers(model)
+    if enabled and not _interrupted(enabled, adapted, rank, alpha):
+        raise ValueError(f"LoRA is already enabled on model {model.name!r} (rank {enabled[0].lora_rank}, alpha "
+                         f"{enabled[0].lora_alpha:g}, {len(enabled)} layers); enable it once. Received: rank={rank}")
+    check_head_trains(model, "enable_lora")
     float8 = [layer.path for layer in adapted if layer.quantization_mode == "float8"]
     if float8:
         # Keras' float8 layers fail at their first call with adapters.
         raise ValueError(f"Keras' float8 layers take no LoRA adapters: quantize to int8 or int4 for LoRA on "
                          f"quantized weights. Received: {float8[0]} quantized to float8")
-    for layer in adapted:
-        layer.enable_lora(rank, lora_alpha=alpha)
-    # Keras makes each adapted kernel non-trainable; everything else but
-    # the adapters and the head is frozen here.
+    # Frozen first, adapted after: a call stopped half-way (Ctrl-C in a
+    # notebook: ViT-B/16's layers take seconds) leaves a frozen backbone
+    # with some adapters, which the same call again completes. Every layer
+    # trainable again (a frozen backbone's too), then every variable but
+    # the head's and the adapters' frozen. False first: on TensorFlow,
+    # assigning the value an attribute already holds does not run the
+    # setter, which would leave the frozen sub-layers, and their adapters,
+    # frozen.
     kept = {id(v) for v in _saved_variables(model)}
-    # Every layer trainable again (a frozen backbone's too), then the
-    # variables frozen one by one. False first: on TensorFlow, assigning
-    # the value an attribute already holds does not run the setter, which
-    # would leave the frozen sub-layers, and their adapters, frozen.
     model.trainable = False
     model.trainable = True
     for variable in model.weights:
         if id(variable) not in kept:
             variable.trainable = False
+    for layer in adapted:
+        if not getattr(layer, "lora_enabled", False):
+            layer.enable_lora(rank, lora_alpha=alpha)  # new trainable adapters; the kernel frozen
     # Without new lists, a torch optimizer over `model.parameters()` would
     # train the head alone.
     track_torch_parameters(model)
     return model
+
+
+def _interrupted(enabled, adapted, rank, alpha):
+    """Whether the LoRA layers `enabled` are what a stopped `enable_lora`
+    with these arguments left: some of the layers it adapts, at its rank
+    and scale."""
+    wanted = {id(layer) for layer in adapted}
+    return len(enabled) < len(adapted) and all(
+        id(layer) in wanted and layer.lora_rank == rank and layer.lora_alpha == (rank if alpha is None else alpha)
+        for layer in enabled)
 
 
 def merge_lora(model):

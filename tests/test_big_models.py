@@ -292,8 +292,23 @@ def test_lora_targets_and_errors(tmp_path, monkeypatch):
     features = keras.Model(*(lambda i: (i, keras.layers.Dense(3, name="head")(i)))(keras.Input((4,))))
     with pytest.raises(ValueError, match="match no layer of model"):
         keras_vit.enable_lora(features, rank=2)
-    with pytest.raises(ValueError, match="LoRA is already enabled"):
+    with pytest.raises(ValueError, match="LoRA is already enabled on model .* \\(rank 3, alpha 6, 8 layers\\)"):
         keras_vit.enable_lora(model, rank=2)
+    # Stopped half-way (Ctrl-C in a notebook): the same call again completes
+    # it, as one call would have; other arguments are refused.
+    stopped, whole = _model(False), keras_vit.enable_lora(_model(False), rank=2, targets=("key", "mlp"))
+    third = keras_vit.lora._target_layers(stopped.get_layer("encoderblock_1"), "key")[0]
+    with monkeypatch.context() as patch:
+        patch.setattr(third, "enable_lora", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+        with pytest.raises(KeyboardInterrupt):
+            keras_vit.enable_lora(stopped, rank=2, targets=("key", "mlp"))
+    assert len(keras_vit.lora.lora_layers(stopped)) == 3
+    with pytest.raises(ValueError, match="already enabled .* \\(rank 2, alpha 2, 3 layers\\)"):
+        keras_vit.enable_lora(stopped, rank=4, targets=("key", "mlp"))
+    keras_vit.enable_lora(stopped, rank=2, targets=("key", "mlp"))
+    assert [v.path for v in stopped.trainable_weights] == [v.path for v in whole.trainable_weights]
+    assert [layer.path for layer in keras_vit.lora.lora_layers(stopped)] == [
+        layer.path for layer in keras_vit.lora.lora_layers(whole)]
     with pytest.raises(ValueError, match="has no LoRA adapters"):
         keras_vit.merge_lora(_model(False))
     # A file of other adapters, or no file of ours, is refused: nothing changes.
