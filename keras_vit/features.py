@@ -71,5 +71,8 @@ def feature_maps(model):
     # The images the builder took (an `input_tensor` may follow a crop or a
     # resize), not the model's own input.
     images = get_layer(model, "image_size_check").input
-    grid = PatchGrid(parts.num_prefix_tokens, parts.patch_size, name="feature_maps")(model.output, images)
+    # The tokens' own dtype, not the global policy's: a float32 model's maps
+    # made after `set_dtype_policy("mixed_bfloat16")` were rounded to bfloat16.
+    grid = PatchGrid(parts.num_prefix_tokens, parts.patch_size, dtype=model.output.dtype,
+                     name="feature_maps")(model.output, images)
     return ViTModel(model.inputs[0], grid, name=f"{model.name}_feature_maps")

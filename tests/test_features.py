@@ -34,6 +34,29 @@ def test_feature_maps_are_the_patch_tokens_as_a_grid(kind, tmp_path):
     np.testing.assert_allclose(keras.saving.load_model(path).predict(images, verbose=0), grid, atol=1e-6)
 
 
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_feature_maps_keep_the_models_dtype_under_another_global_policy(policy):
+    """A float32 model's maps made after `set_dtype_policy("mixed_bfloat16")`
+    (a later notebook cell) came out bfloat16, 8e-3 off; a mixed model's
+    stay its bfloat16 tokens."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = randomize_weights(tiny_model("plain", include_top=False, pooling=None, classifier="token"))
+    finally:
+        keras.config.set_dtype_policy(previous)
+    images = random_images(model)
+    keras.config.set_dtype_policy("mixed_bfloat16" if policy == "float32" else "float32")
+    try:
+        maps = keras_vit.feature_maps(model)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    tokens = keras.ops.convert_to_numpy(model(images))
+    grid = keras.ops.convert_to_numpy(maps(images))
+    assert grid.dtype == tokens.dtype == ("float32" if policy == "float32" else "bfloat16")
+    np.testing.assert_array_equal(grid, tokens[:, 1:].reshape(grid.shape))
+
+
 def test_feature_maps_need_the_token_sequence():
     with pytest.raises(ValueError, match="include_top=False, pooling=None"):
         keras_vit.feature_maps(tiny_model("plain"))
