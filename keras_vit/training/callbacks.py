@@ -296,8 +296,12 @@ class BackupAndResume(keras.callbacks.Callback):
         Raises:
             ValueError: the checkpoint belongs to another run, or was
                 written mid-epoch (pass the callback to `fit` without calling
-                this: it then skips the batches already trained).
+                this: it then skips the batches already trained), or
+                `model` is not compiled.
         """
+        if getattr(model, "optimizer", None) is None:  # its state is restored too
+            raise ValueError("`restore` needs the compiled model of the run: call model.compile(...) first. "
+                             f"Received: model={getattr(model, 'name', model)!r}, not compiled")
         self.set_model(model)
         self.set_params({"epochs": epochs, "steps": steps_per_epoch})
         self._reset_run_state()

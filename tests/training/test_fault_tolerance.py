@@ -931,6 +931,11 @@ def test_restore_then_fit_initial_epoch_resumes_through_public_keras(tmp_path, m
         np.testing.assert_array_equal(a, b)
     assert training.BackupAndResume(tmp_path / "empty").restore(
         _small_model(), epochs=2, steps_per_epoch=steps_per_epoch) == 0
+    # Not compiled: named, no lock left (an AttributeError on `optimizer`, the lock kept).
+    bare = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="bare")
+    with pytest.raises(ValueError, match="needs the compiled model of the run.*Received: model='bare', not compiled"):
+        training.BackupAndResume(tmp_path / "uncompiled").restore(bare)
+    assert not (tmp_path / "uncompiled" / "backup.lock").exists()
     # `fit` with other epochs than the checkpoint's, after a `restore` told
     # nothing of them: refused like any other run's (it trained on and
     # overwrote the record), the lock released.
