@@ -13,6 +13,12 @@ Modules: `sources` (tfds, image folders), `pipelines` (the batch builders),
 `ops`, `augment`, `padding` (weighted fixed-size evaluation batches), `vtab`.
 """
 
+import importlib.util
+
+if importlib.util.find_spec("tensorflow") is None:  # before the modules below import it
+    raise ImportError("keras_vit.data needs TensorFlow (tf.data): `pip install tensorflow-cpu` (the `tensorflow` "
+                      "and `recipes` extras have it); the batches then feed any KERAS_BACKEND.")
+
 from keras_vit.data import augment
 from keras_vit.data import ops
 from keras_vit.data import padding

@@ -1,6 +1,7 @@
 """Input pipelines: ops, RandAugment, mixup (augment), sources and batches for fit."""
 
 import dataclasses
+import importlib.util
 import os
 import random
 import re
@@ -1351,3 +1352,20 @@ def test_failed_preparation_gives_the_cause_first(tmp_path):
     assert message.startswith("Preparing dataset 'keras_vit_broken_prepare' in ")
     assert message.splitlines()[0].endswith("failed: OSError: No space left on device (simulated)")
     assert "network access" in message.splitlines()[1]
+
+
+@pytest.mark.one_backend
+def test_without_tensorflow_the_data_package_names_what_to_install():
+    """A `keras-vit[jax]` install has no TensorFlow: `import keras_vit`
+    works, `keras_vit.data` says what it needs (a bare ModuleNotFoundError
+    from a module inside before)."""
+    code = ("import sys; sys.modules['tensorflow'] = None\n"
+            "import keras_vit\n"
+            "try:\n    import keras_vit.data\nexcept ImportError as error:\n    print(error)")
+    backend = "jax" if importlib.util.find_spec("jax") else "torch"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "KERAS_BACKEND": backend})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == ("keras_vit.data needs TensorFlow (tf.data): `pip install tensorflow-cpu` (the "
+                                     "`tensorflow` and `recipes` extras have it); the batches then feed any "
+                                     "KERAS_BACKEND.")
