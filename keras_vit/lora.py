@@ -133,6 +133,12 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     for layer in adapted:
         if not getattr(layer, "lora_enabled", False):
             layer.enable_lora(rank, lora_alpha=alpha)  # new trainable adapters; the kernel frozen
+    # Functions Keras compiled before are traced without the adapters: on
+    # TensorFlow `predict` (and `fit` without a new `compile`) ran the old
+    # graph and ignored them (plain Keras does the same).
+    for kind in ("train", "test", "predict"):
+        if getattr(model, f"{kind}_function", None) is not None:
+            getattr(model, f"make_{kind}_function")(force=True)
     # Without new lists, a torch optimizer over `model.parameters()` would
     # train the head alone.
     track_torch_parameters(model)

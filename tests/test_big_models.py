@@ -294,6 +294,15 @@ def test_lora_targets_and_errors(tmp_path, monkeypatch):
         keras_vit.enable_lora(features, rank=2)
     with pytest.raises(ValueError, match="LoRA is already enabled on model .* \\(rank 3, alpha 6, 8 layers\\)"):
         keras_vit.enable_lora(model, rank=2)
+    # A model that predicted before: Keras' compiled `predict` was traced
+    # without the adapters, and TensorFlow's ignored them.
+    used = keras_vit.ViT(None, input_shape=SHAPE, include_top=False, **TINY)
+    images = _batch()[0]
+    used.predict(images, verbose=0)
+    keras_vit.enable_lora(used, rank=2)
+    for layer in keras_vit.lora.lora_layers(used):
+        layer.lora_kernel_b.assign(np.full(layer.lora_kernel_b.shape, 0.5, "float32"))
+    np.testing.assert_allclose(used.predict(images, verbose=0), keras.ops.convert_to_numpy(used(images)), atol=1e-5)
     # Stopped half-way (Ctrl-C in a notebook): the same call again completes
     # it, as one call would have; other arguments are refused.
     stopped, whole = _model(False), keras_vit.enable_lora(_model(False), rank=2, targets=("key", "mlp"))

@@ -8,6 +8,8 @@ blocks. The model itself keeps calling its blocks without
 path, for inference and training.
 """
 
+import weakref
+
 import keras
 import numpy as np
 
@@ -131,6 +133,25 @@ def attention_model(model, blocks=None):
     return ViTModel(inputs, outputs, name=f"{model.name}_attention")
 
 
+# model -> {blocks: (its variable count, its attention model)}: the analyses
+# reuse one, and its compiled `predict` with it (a new one compiled again
+# at every call: 1.4 s per call of a tiny model on JAX, for a notebook
+# looping over images). One made before variables were added (LoRA
+# adapters, quantization) is made again: TensorFlow's traced graph would
+# ignore them. The attention model holds the model's layers, not the
+# model: an entry goes with its model.
+_PROBES = weakref.WeakKeyDictionary()
+
+
+def _probe(model, chosen):
+    probes = _PROBES.setdefault(model, {})
+    count, probe = probes.get(tuple(chosen), (None, None))
+    if count != len(model.weights):
+        probe = attention_model(model, chosen)
+        probes[tuple(chosen)] = (len(model.weights), probe)
+    return probe
+
+
 def check_images(model, images):
     """`images` as a numpy array, checked against the model's input shape
     before any step runs, so that the error names `images` (a model the
@@ -165,8 +186,8 @@ def attention_batches(model, images, batch_size=32):
     """
     images = check_images(model, images)
     batch_size = _check_batch_size(batch_size)
-    probe = attention_model(model)
     names = block_names(model)
+    probe = _probe(model, range(len(names)))
     for start in range(0, len(images), batch_size):
         out = probe.predict_on_batch(images[start:start + batch_size])
         yield np.stack([np.asarray(out[name], dtype=np.float64) for name in names])
@@ -192,7 +213,7 @@ def attention_weights(model, images, blocks=None, batch_size=32):
     batch_size = _check_batch_size(batch_size)
     names = block_names(model)
     chosen = _check_blocks(blocks, len(names))
-    probe = attention_model(model, chosen)
+    probe = _probe(model, chosen)
     # `predict` compiles the whole forward pass (jit on JAX, tf.function on
     # TensorFlow) instead of running it op by op.
     out = probe.predict(images, batch_size=batch_size, verbose=0)
