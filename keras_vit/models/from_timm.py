@@ -74,7 +74,9 @@ def from_timm(
     local_files_only = check_bool(local_files_only, "local_files_only")
     if num_classes is not None:
         num_classes = positive_int(num_classes, "num_classes")
-    config, _, where = hub.fetch(source, revision, token, cache_dir, local_files_only, config_only=True)
+    # The weights are loaded from the config's commit (`revision` pinned).
+    config, _, where, revision = hub.fetch_commit(source, revision, token, cache_dir, local_files_only,
+                                                  config_only=True)
     try:
         args, pretrained = timm_format.config_args(config)
         builder = timm_format.builder_kwargs(args)

@@ -1,15 +1,17 @@
 """timm checkpoints from the Hugging Face Hub or a local directory, and back.
 
 The Hub is reached through `huggingface_hub` itself (its cache, revisions,
-tokens for gated repositories, `HF_HUB_OFFLINE`, resumable downloads), and
+tokens for gated repositories, `HF_HUB_OFFLINE`), and
 only `safetensors` files are read: PyTorch's `.bin`/`.pth` files are pickles,
 which can run code when loaded, and are refused. Both packages are the
 optional extra `hub` (`pip install -e ".[hub]"` from a clone).
 """
 
+import hashlib
 import json
 import logging
 import os
+import re
 
 import numpy as np
 
@@ -108,7 +110,39 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
     timm checkpoint: a Hub repository (see `hub_repo`) through
     `huggingface_hub`, or a local directory holding `config.json` and
     `model.safetensors`. With `config_only`, nothing but the config is
-    downloaded (so that an unsupported architecture is refused first)."""
+    downloaded (so that an unsupported architecture is refused first). The
+    weights come from the commit the config came from, and are checked
+    against the SHA-256 the Hub names their file by (`fetch_commit`)."""
+    return fetch_commit(source, revision, token, cache_dir, local_files_only, config_only)[:3]
+
+
+def _snapshot_commit(path):
+    """The commit of a file in the Hugging Face cache
+    (`.../snapshots/<commit>/<file>`), else None."""
+    snapshot = os.path.dirname(path)
+    return os.path.basename(snapshot) if os.path.basename(os.path.dirname(snapshot)) == "snapshots" else None
+
+
+def _checked_blob(path):
+    """Whether the file `path` links to (a Hub cache blob) has the SHA-256
+    it is named by; True where it is named otherwise (a local file, a
+    small file the Hub names by its git hash). huggingface_hub does not
+    check it: a download damaged in transit loaded as good weights."""
+    blob = os.path.realpath(path)
+    expected = os.path.basename(blob)
+    if not re.fullmatch(r"[0-9a-f]{64}", expected):
+        return True
+    digest = hashlib.sha256()
+    with open(blob, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest() == expected
+
+
+def fetch_commit(source, revision=None, token=None, cache_dir=None, local_files_only=False, config_only=False):
+    """`fetch`, and the Hub commit the files came from (None for a local
+    directory): another call pinned to it (`revision=`) gets the same
+    checkpoint even where the repository's branch moves in between."""
     repo = hub_repo(source)
     if repo is None:
         directory = os.path.expanduser(os.fspath(source))
@@ -118,47 +152,70 @@ def fetch(source, revision=None, token=None, cache_dir=None, local_files_only=Fa
                 f"directory with {CONFIG_NAME} and {WEIGHTS_NAME}. Received: source={source!r}"
             )
         config, weights = _local(directory)
-        return _read_config(config), (None if config_only else weights), directory
+        return _read_config(config), (None if config_only else weights), directory, None
     hub = _require("huggingface_hub")
     errors = _require("huggingface_hub.errors")
+    constants = _require("huggingface_hub.constants")
     options = dict(revision=revision, token=token, cache_dir=cache_dir, local_files_only=local_files_only)
 
-    def download(filename):
+    def download(filename, **extra):
         # LocalEntryNotFoundError is an EntryNotFoundError too: it comes first.
         try:
-            return hub.hf_hub_download(repo, filename, **options)
-        except errors.LocalEntryNotFoundError as error:  # offline (or local_files_only) and not cached
-            cached_pickles = [name for name in PICKLE_NAMES if isinstance(
-                hub.try_to_load_from_cache(repo, name, cache_dir=cache_dir, revision=revision), str)]
+            return hub.hf_hub_download(repo, filename, **{**options, **extra})
+        except errors.LocalEntryNotFoundError as error:  # offline (or local_files_only), or the Hub failed
+            cached = {name: hub.try_to_load_from_cache(repo, name, cache_dir=cache_dir, revision=options["revision"])
+                      for name in (filename, *PICKLE_NAMES)}
+            cached_pickles = [name for name in PICKLE_NAMES if isinstance(cached[name], str)]
             if filename == WEIGHTS_NAME and cached_pickles:
                 raise ValueError(_pickle_message(f"hf-hub:{repo}", cached_pickles)) from None
+            if cached[filename] is not None and not isinstance(cached[filename], str):
+                return None  # the cache knows the repository has no such file
+            offline = local_files_only or constants.HF_HUB_OFFLINE
+            why = ("offline: HF_HUB_OFFLINE or local_files_only" if offline
+                   else f"{error.__cause__ or error}; HF_ENDPOINT={constants.ENDPOINT}")
             raise ValueError(
                 f"hf-hub:{repo}: {filename} is not in the local Hugging Face cache and cannot be downloaded "
-                f"now (offline: HF_HUB_OFFLINE or local_files_only, or no network). Connect once to "
-                f"download it. Received: source={source!r}"
+                f"now ({why}). Connect once to download it. Received: source={source!r}"
             ) from error
         except errors.EntryNotFoundError:  # the repository has no such file
             return None
+        except errors.GatedRepoError:
+            raise ValueError(f"hf-hub:{repo} is gated: accept its terms on the Hub, then pass a token of that "
+                             f"account (token= or HF_TOKEN). Received: source={source!r}") from None
         except errors.RepositoryNotFoundError:
-            raise ValueError(f"hf-hub:{repo} is not a Hub repository (or it is gated or private: pass a "
-                             f"token). Received: source={source!r}") from None
+            advice = "the token has no access to it" if token or hub.get_token() else "it is private: pass a token"
+            raise ValueError(f"hf-hub:{repo} is not a Hub repository (or {advice}). "
+                             f"Received: source={source!r}") from None
         except errors.RevisionNotFoundError:
             raise ValueError(f"hf-hub:{repo} has no revision {revision!r}. Received: revision={revision!r}") from None
         except errors.HFValidationError as error:  # not a repository name (nor a directory here)
             raise ValueError(f"`source` is neither a local directory nor a Hub repository name ({error}). "
                              f"Received: source={source!r}") from None
+        except (OSError, errors.HfHubHTTPError) as error:  # the transfer failed: nothing is cached
+            raise OSError(
+                f"hf-hub:{repo}: downloading {filename} failed ({type(error).__name__}: {error}); huggingface_hub "
+                "keeps no part of it: call again (a slow connection: raise HF_HUB_DOWNLOAD_TIMEOUT, seconds). "
+                f"Received: source={source!r}") from error
 
     config = download(CONFIG_NAME)
     if config is None:
         raise ValueError(f"hf-hub:{repo} has no {CONFIG_NAME}: not a timm model repository. "
                          f"Received: source={source!r}")
+    # The weights of the config's commit, even if the branch moves meanwhile.
+    options["revision"] = _snapshot_commit(config) or options["revision"]
     config = _read_config(config)
     if config_only:
-        return config, None, f"hf-hub:{repo}"
+        return config, None, f"hf-hub:{repo}", options["revision"]
     weights = download(WEIGHTS_NAME)
     if weights is None:
         raise ValueError(_pickle_message(f"hf-hub:{repo}"))
-    return config, weights, f"hf-hub:{repo}"
+    if not _checked_blob(weights) and not local_files_only and not constants.HF_HUB_OFFLINE:
+        weights = download(WEIGHTS_NAME, force_download=True)  # damaged in transit: once more
+    if not _checked_blob(weights):
+        blob = os.path.realpath(weights)
+        raise ValueError(f"hf-hub:{repo}: {blob} (the file {weights} links to) does not have the SHA-256 it is "
+                         f"named by: a damaged download. Delete it and load again. Received: source={source!r}")
+    return config, weights, f"hf-hub:{repo}", options["revision"]
 
 
 def load_timm(model, source, interpolation="bicubic_antialias", revision=None, token=None, cache_dir=None,

@@ -539,3 +539,100 @@ def test_from_timm_builds_a_dynamic_size_model_storing_the_checkpoints_embedding
     half = keras_vit.from_timm(str(tmp_path), input_shape=(None, 40, 3))
     assert half.get_layer("posembed_input").grid == (4, 5)
     assert_close_rel(keras.ops.convert_to_numpy(half(images)), keras.ops.convert_to_numpy(static(images)), 1e-5)
+
+
+def publish_blobs(cache, name, model, commit, branch="main"):
+    """`publish`, with the files as the client stores them: the snapshot's
+    files link to blobs named by their SHA-256 (the Hub's ETag of a large
+    file)."""
+    import hashlib
+    import tempfile
+
+    repo = cache / f"models--timm--{name}"
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / branch).write_text(commit)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    with tempfile.TemporaryDirectory() as saved:
+        save_for_hf(model, saved, model_args=dict(TINY), safe_serialization=True)
+        for filename in ("config.json", "model.safetensors"):
+            content = Path(saved, filename).read_bytes()
+            blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+            blob.write_bytes(content)
+            (snapshot / filename).symlink_to(os.path.relpath(blob, snapshot))
+    return snapshot
+
+
+def test_the_weights_come_from_the_configs_commit(tmp_path, monkeypatch):
+    """The branch moved between the config's download and the weights' (a
+    new commit with other heads and weights of the same shapes): the model
+    was built from one commit and loaded from the other, silently."""
+    import huggingface_hub
+
+    name = FAMILIES["original"]
+    first, second = timm_model(name), timm_model(name, num_heads=4)
+    with torch.no_grad():
+        for parameter in second.parameters():
+            parameter.normal_(0.0, 0.3)
+    publish_blobs(tmp_path, name, first, COMMIT)
+    publish_blobs(tmp_path, name, second, "f" * 40, branch="next")
+    refs = tmp_path / f"models--timm--{name}" / "refs"
+    download = huggingface_hub.hf_hub_download
+
+    def moving_branch(*args, **kwargs):
+        path = download(*args, **kwargs)
+        (refs / "main").write_text("f" * 40)  # pushed right after this file
+        return path
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", moving_branch)
+    ours = keras_vit.from_timm(name, cache_dir=tmp_path, local_files_only=True)
+    assert ours.get_layer("encoderblock_0").num_heads == 2
+    assert_close_rel(ours.predict(images(), verbose=0), reference(first, images())[0], tol=1e-4)
+
+
+def test_a_download_damaged_in_transit_is_fetched_again_or_refused(tmp_path, monkeypatch):
+    """huggingface_hub does not check a file against its SHA-256: bytes
+    changed in transit loaded as weights (finite, another model)."""
+    import huggingface_hub
+
+    name = FAMILIES["original"]
+    model = timm_model(name)
+    snapshot = publish_blobs(tmp_path, name, model, COMMIT)
+    blob = Path(os.path.realpath(snapshot / "model.safetensors"))
+    good = blob.read_bytes()
+    blob.write_bytes(good[:-8] + bytes(8))  # the last weights' bytes zeroed: still a readable file
+    hub = dict(cache_dir=tmp_path, local_files_only=True)
+    with pytest.raises(ValueError, match=f"{blob} .*does not have the SHA-256 it is named by.*Delete it"):
+        keras_vit.from_timm(name, **hub)
+    # Online, the client downloads it once more (`force_download`), here the good bytes.
+    download, forced = huggingface_hub.hf_hub_download, []
+
+    def client(*args, **kwargs):
+        if kwargs.pop("force_download", False):
+            forced.append(args[1])
+            blob.write_bytes(good)
+        return download(*args, **{**kwargs, "local_files_only": True})
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", client)
+    ours = keras_vit.from_timm(name, cache_dir=tmp_path)
+    assert forced == ["model.safetensors"]
+    assert_close_rel(ours.predict(images(), verbose=0), reference(model, images())[0], tol=1e-4)
+
+
+def test_a_failed_transfer_names_the_file_and_what_to_do(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    name = FAMILIES["original"]
+    publish_blobs(tmp_path, name, timm_model(name), COMMIT)
+    download = huggingface_hub.hf_hub_download
+
+    def cut_short(repo, filename, **kwargs):
+        if filename == "model.safetensors":
+            raise OSError("Consistency check failed: file should be of size 900 but has size 450")
+        return download(repo, filename, **{**kwargs, "local_files_only": True})
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", cut_short)
+    with pytest.raises(OSError, match=rf"hf-hub:timm/{name}: downloading model.safetensors failed \(OSError: "
+                                      r"Consistency check failed.*call again"):
+        keras_vit.from_timm(name, cache_dir=tmp_path)
