@@ -636,3 +636,32 @@ def test_a_failed_transfer_names_the_file_and_what_to_do(tmp_path, monkeypatch):
     with pytest.raises(OSError, match=rf"hf-hub:timm/{name}: downloading model.safetensors failed \(OSError: "
                                       r"Consistency check failed.*call again"):
         keras_vit.from_timm(name, cache_dir=tmp_path)
+
+
+def test_gated_and_failing_hubs_are_told_apart_from_offline(tmp_path, monkeypatch):
+    """A gated repository asked for a token it was given; a Hub answering
+    500 (or a mistyped HF_ENDPOINT) was reported as being offline."""
+    import httpx2
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    name = FAMILIES["original"]
+    response = httpx2.Response(403, request=httpx2.Request("GET", "http://127.0.0.1/config.json"))
+
+    def gated(*args, **kwargs):
+        raise errors.GatedRepoError("Access to model timm/x is restricted", response=response)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", gated)
+    with pytest.raises(ValueError, match=rf"hf-hub:timm/{name} is gated: accept its terms on the Hub, then pass a "
+                                         "token of that account"):
+        keras_vit.from_timm(name, cache_dir=tmp_path, token="hf_test")
+
+    def failing(*args, **kwargs):
+        try:
+            raise errors.HfHubHTTPError("500 Server Error", response=response)
+        except errors.HfHubHTTPError as cause:
+            raise errors.LocalEntryNotFoundError("cannot find the requested files in the disk cache") from cause
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", failing)
+    with pytest.raises(ValueError, match=r"cannot be downloaded now \(500 Server Error; HF_ENDPOINT=.*\)"):
+        keras_vit.from_timm(name, cache_dir=tmp_path)
