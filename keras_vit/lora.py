@@ -19,6 +19,7 @@ import keras
 import numpy as np
 
 from keras_vit import distribute
+from keras_vit import interrupts
 from keras_vit.layers.encoder_block import TransformerEncoderBlock
 from keras_vit.layers.utils import check_head_trains
 from keras_vit.layers.utils import head_layer
@@ -132,7 +133,9 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
             variable.trainable = False
     for layer in adapted:
         if not getattr(layer, "lora_enabled", False):
-            layer.enable_lora(rank, lora_alpha=alpha)  # new trainable adapters; the kernel frozen
+            # Each layer whole (a Ctrl-C between its two adapters left a stray one).
+            with interrupts.held_back("this layer's adapters are added"):
+                layer.enable_lora(rank, lora_alpha=alpha)  # new trainable adapters; the kernel frozen
     # Functions Keras compiled before are traced without the adapters: on
     # TensorFlow `predict` (and `fit` without a new `compile`) ran the old
     # graph and ignored them (plain Keras does the same).
@@ -236,6 +239,7 @@ def load_lora(model, path):
         if tuple(value.shape) != tuple(variables[key].shape):
             raise ValueError(f"{path}: {key} has shape {tuple(value.shape)}, the model's "
                              f"{tuple(variables[key].shape)}. Received: path={path!r}")
-    for key, value in arrays.items():
-        variables[key].assign(value)
+    with interrupts.held_back("the adapters are assigned"):  # all or nothing, Ctrl-C too
+        for key, value in arrays.items():
+            variables[key].assign(value)
     return model

@@ -1,12 +1,11 @@
 """The class of the models keras_vit builds: a functional model that
 survives a failed step."""
 
-import contextlib
-import signal
-import threading
+import weakref
 
 import keras
 
+from keras_vit import interrupts
 from keras_vit.distribute import check_scope
 from keras_vit.layers.utils import track_torch_parameters
 from keras_vit.preprocessing import check_image_dtype
@@ -33,7 +32,9 @@ class SurvivesFailedSteps:
       documents for a JAX `train_step`, `test_step` and `predict_step`:
       trainable, non-trainable, optimizer and metrics variables, in that
       order, as far as the step takes them. A Ctrl-C while a step runs is
-      held back until the step's new state is kept (`_interrupt_held_back`).
+      held back until its new state is kept (`keras_vit.interrupts.
+      held_back`: a second one stops it at once), and the newest state is
+      kept past the execution, for a Ctrl-C while Keras' loop stores it.
     - TensorFlow: a `tf.function` whose first trace failed half-way cannot
       create the variables it needs (metrics, optimizer slots) when called
       again ("Creating variables on a non-first call to a function
@@ -51,6 +52,8 @@ class SurvivesFailedSteps:
         except BaseException:
             _recover(self, "train_function", "test_function")
             raise
+        finally:
+            _newest(self).clear()
 
     def evaluate(self, *args, **kwargs):
         try:
@@ -58,6 +61,8 @@ class SurvivesFailedSteps:
         except BaseException:
             _recover(self, "test_function")
             raise
+        finally:
+            _newest(self).clear()
 
     def predict(self, *args, **kwargs):
         try:
@@ -65,6 +70,8 @@ class SurvivesFailedSteps:
         except BaseException:
             _recover(self)  # (a tf.function of `predict` creates no variables)
             raise
+        finally:
+            _newest(self).clear()
 
     def _make_function(self, step_function, *args, **kwargs):
         # Private (pinned by tests/models/test_vit_model.py): JAX's loop of
@@ -74,10 +81,11 @@ class SurvivesFailedSteps:
         # too, left as it is.)
         if keras.backend.backend() != "jax":
             return super()._make_function(step_function, *args, **kwargs)
-        newest = []  # the newest state no step has consumed yet
+        newest = _newest(self)
 
         def step(state, data):
-            with _interrupt_held_back():
+            # (The first call also compiles the step: a second Ctrl-C stops it.)
+            with interrupts.held_back("this step"):
                 outputs, state = step_function(state, data)
                 newest[:] = [state]
             return outputs, state
@@ -95,8 +103,6 @@ class SurvivesFailedSteps:
                 # joining the outputs (the last completed step's).
                 _put_back(self, newest[-1])
                 raise
-            finally:
-                newest.clear()
 
         return execution_keeping_weights
 
@@ -191,41 +197,38 @@ def _flat_callbacks(callbacks):
     return [c for item in callbacks for c in _flat_callbacks(item)]
 
 
+# model -> [the newest state of its JAX steps no step has consumed yet]
+_STATES = weakref.WeakKeyDictionary()
+
+
+def _newest(model):
+    return _STATES.setdefault(model, [])
+
+
+def _alive(state):
+    """Whether no array of a JAX state was consumed (donated) by a step."""
+    return not any(getattr(value, "is_deleted", lambda: False)() for value in keras.tree.flatten(state))
+
+
 def _recover(model, *functions):
-    """After a failed call: on JAX, the last completed step's state is the
-    trainer's to put back (an error between executions: in a callback,
-    Ctrl-C while the progress bar prints), as `fit` does in its `finally`,
-    and its copy goes, as there (private: `_jax_state`, see `_put_back`);
-    on TensorFlow, the call's traced functions go."""
+    """After a failed call: on JAX, the newest state a step made is put
+    back, else the last completed execution's, the trainer's to put back
+    (an error between executions: in a callback, Ctrl-C while the progress
+    bar prints), as `fit` does in its `finally` (where a Ctrl-C while
+    Keras stored the newest state left it a consumed one), and the
+    trainer's copy goes (private: `_jax_state`, see `_put_back`); on
+    TensorFlow, the call's traced functions go."""
     backend = keras.backend.backend()
     if backend == "jax":
-        model.jax_state_sync()
+        newest = _newest(model)
+        if newest and _alive(newest[-1]):
+            _put_back(model, newest[-1])
+        elif _alive(getattr(model, "_jax_state", None) or {}):
+            model.jax_state_sync()
         model._jax_state = None
     elif backend == "tensorflow":
         for name in functions:
             setattr(model, name, None)
-
-
-@contextlib.contextmanager
-def _interrupt_held_back():
-    """Holds a Ctrl-C (SIGINT; a notebook's interrupt too) back until the
-    block ends. A compiled JAX step consumes (donates) the state it is given,
-    and Python raises the KeyboardInterrupt of a signal that came while the
-    step ran as soon as the call returns, before its new state is kept:
-    every weight was lost (2 of 25 interrupted `fit` calls of a tiny model).
-    Signals reach the main thread only; elsewhere nothing is changed."""
-    handler = signal.getsignal(signal.SIGINT)
-    if not callable(handler) or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-    if received:
-        handler(signal.SIGINT, received[-1])
 
 
 def _put_back(model, state):

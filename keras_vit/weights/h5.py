@@ -14,6 +14,8 @@ import h5py
 import ml_dtypes
 import numpy as np
 
+from keras_vit import interrupts
+
 
 def _datasets(path):
     """`{dataset path: h5py dataset info}` of every array in an open file."""
@@ -104,7 +106,8 @@ def load_keras_weights(model, path, allow_nonfinite=False):
         )
     before = [np.array(v.numpy()) for v in model.weights]
     try:
-        model.load_weights(path)
+        with interrupts.held_back("the weights are loaded"):  # all or nothing, Ctrl-C too
+            model.load_weights(path)
     except Exception as e:
         for variable, value in zip(model.weights, before):
             variable.assign(value)

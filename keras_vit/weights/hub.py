@@ -291,13 +291,14 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
     `pixel_mean`, `pixel_std`: the normalisation the model expects, for
     pixels in [0, 1]; default the model's `include_preprocessing` layer's,
     else the original's (0.5, 0.5). Each file is written as `export_npz`
-    writes one (`keras_vit.weights.npz.write_atomically`): a reader never
+    writes one, and the two together (`keras_vit.weights.npz.
+    write_files_atomically`): a reader never
     sees half a file. Returns `directory`.
     """
     from keras_vit.anatomy import anatomy
     from keras_vit.preprocessing import check_pixel_stats
     from keras_vit.weights import timm as timm_format
-    from keras_vit.weights.npz import check_target, write_atomically
+    from keras_vit.weights.npz import check_target, write_files_atomically
 
     anatomy(model)  # names what is not a keras_vit model
     directory = os.path.expanduser(os.fspath(directory))
@@ -325,11 +326,12 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
             "first_conv": "patch_embed.proj", "classifier": "head",
         },
     }
-    # Both files are checked before either is written.
+    # Both files are checked before either is written, and written together
+    # (weights of one export beside the config of another loaded silently).
     targets = [check_target(os.path.join(directory, name), "directory") for name in (WEIGHTS_NAME, CONFIG_NAME)]
     contents = (numpy_io.save(state), (json.dumps(config, indent=2) + "\n").encode("utf-8"))
-    for (path, _), content in zip(targets, contents):
-        write_atomically(path, lambda f, content=content: f.write(content), "directory")
+    write_files_atomically([(path, lambda f, content=content: f.write(content))
+                            for (path, _), content in zip(targets, contents)], "directory")
     return directory
 
 

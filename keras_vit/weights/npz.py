@@ -25,6 +25,7 @@ import zlib
 import keras
 import numpy as np
 
+from keras_vit import interrupts
 from keras_vit.anatomy import BLOCK_NAME, RESNET_LAYER_NAME, anatomy
 from keras_vit.layers.patch_embedding import resize_patch_embedding
 from keras_vit.layers.position_embedding import (
@@ -418,8 +419,9 @@ class LoadPlan:
 
     def apply(self, model):
         targets = checkpoint_variables(model)
-        for key, value in self.values.items():
-            targets[key].assign(np.asarray(value, dtype=targets[key].dtype))
+        with interrupts.held_back("the weights are assigned"):  # all or nothing, Ctrl-C too
+            for key, value in self.values.items():
+                targets[key].assign(np.asarray(value, dtype=targets[key].dtype))
         for note in self.notes:
             logger.info("%s: %s", os.path.basename(self.path), note)
         return list(self.notes)
@@ -704,30 +706,54 @@ def write_atomically(path, write, argument="path"):
     regular file (`check_target`), removing the temporaries of writes that
     were killed. A failure names `argument` and `path`. Returns `path`,
     `~` expanded."""
-    path, target = check_target(path, argument)
-    directory, base = os.path.split(target)
-    prefix = f".{base}.tmp-"
+    return write_files_atomically([(path, write)], argument)[0]
+
+
+def write_files_atomically(files, argument="path"):
+    """`write_atomically` for files that belong together (`[(path, write),
+    ...]`, e.g. a checkpoint's weights and its config): every one is written
+    whole before any is renamed, the renames are not cut by a Ctrl-C, and
+    the old files of the later ones are removed before the first is
+    replaced, so that a process killed between the renames leaves a file
+    missing (refused when read), never files of two writes. Returns the
+    paths."""
+    pending = []  # (handle, temporary, target, path)
     try:
-        os.makedirs(directory, exist_ok=True)
-        mode = file_mode(target)
-        _remove_stale_temporaries(directory, prefix)
-        handle, tmp = _locked_temporary(directory, prefix)
-    except OSError as error:  # a file where a folder should be, a read-only disk
-        raise _naming(error, argument, path) from error
-    try:
-        with os.fdopen(handle, "wb", closefd=False) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except OSError as error:  # a full disk
-        raise _naming(error, argument, path) from error
+        for path, write in files:
+            path, target = check_target(path, argument)
+            directory, base = os.path.split(target)
+            prefix = f".{base}.tmp-"
+            try:
+                os.makedirs(directory, exist_ok=True)
+                mode = file_mode(target)
+                _remove_stale_temporaries(directory, prefix)
+                handle, tmp = _locked_temporary(directory, prefix)
+            except OSError as error:  # a file where a folder should be, a read-only disk
+                raise _naming(error, argument, path) from error
+            pending.append((handle, tmp, target, path))
+            try:
+                with os.fdopen(handle, "wb", closefd=False) as f:
+                    write(f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, mode)
+            except OSError as error:  # a full disk
+                raise _naming(error, argument, path) from error
+        with interrupts.held_back("the files are renamed"):
+            try:
+                for _, _, target, _ in pending[1:]:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(target)
+                for _, tmp, target, path in pending:
+                    os.replace(tmp, target)
+            except OSError as error:
+                raise _naming(error, argument, path) from error
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(tmp)
-        os.close(handle)
-    return path
+        for handle, tmp, _, _ in pending:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
+            os.close(handle)
+    return [path for _, _, _, path in pending]
 
 
 def _locked_temporary(directory, prefix):

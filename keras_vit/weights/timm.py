@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 
+from keras_vit import interrupts
 from keras_vit.anatomy import anatomy, get_layer
 from keras_vit.layers.patch_embedding import resize_patch_embedding
 
@@ -253,9 +254,10 @@ def load_timm_state(model, state, interpolation="bicubic_antialias", source_grid
             "The timm state dict does not fit the model (a checkpoint of another architecture or "
             "options); nothing was loaded:\n" + "\n".join(line for line in lines if line)
         )
-    for key, value in converted.items():
-        variable = mapping[key][0]
-        variable.assign(value.astype(variable.dtype))
+    with interrupts.held_back("the weights are assigned"):  # all or nothing, Ctrl-C too
+        for key, value in converted.items():
+            variable = mapping[key][0]
+            variable.assign(value.astype(variable.dtype))
     return notes
 
 

@@ -298,6 +298,27 @@ def test_export_timm_writes_its_files_as_export_npz_does(tmp_path):
     assert (directory / "model.safetensors").read_bytes() == weights
     with pytest.raises(ValueError, match=r"`directory` must be the path of a folder. Received: directory=''"):
         keras_vit.export_timm(model, "")  # wrote into the working directory
+    # Stopped while the config is written (Ctrl-C; a full disk): the new
+    # weights stood beside the old config, and `from_timm` built another
+    # model without a word. Now the old export stays whole.
+    (directory / "config.json").rmdir()
+    keras_vit.export_timm(model, directory)
+    old = {name: (directory / name).read_bytes() for name in ("config.json", "model.safetensors")}
+    gap = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2, patch_size=8,
+                        input_shape=(32, 32, 3), num_classes=5, classifier="gap")
+    fsync, calls = os.fsync, []
+
+    def stopped(handle):
+        calls.append(handle)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        fsync(handle)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", stopped)
+        with pytest.raises(KeyboardInterrupt):
+            keras_vit.export_timm(gap, directory)
+    assert {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))} == old
 
 
 def test_a_non_square_patch_exports_as_timms_pair(tmp_path):

@@ -1,0 +1,51 @@
+"""`keras_vit.interrupts.held_back`: a Ctrl-C (a real SIGINT) in the block
+comes after it, a second one at once, and the handler in place is kept."""
+
+import signal
+
+import pytest
+
+from keras_vit import interrupts
+
+pytestmark = pytest.mark.one_backend  # signals only
+
+
+def test_a_ctrl_c_comes_after_the_block(capsys):
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.held_back("this test's block"):
+            signal.raise_signal(signal.SIGINT)
+            done.append("the rest of the block")
+    assert done == ["the rest of the block"]
+    assert signal.getsignal(signal.SIGINT) is before
+    assert capsys.readouterr().err == ("keras_vit: Ctrl-C held until this test's block ends (press it again to "
+                                       "interrupt now).\n")
+
+
+def test_a_second_ctrl_c_interrupts_at_once():
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.held_back("a long block"):
+            signal.raise_signal(signal.SIGINT)
+            done.append("after the first")
+            signal.raise_signal(signal.SIGINT)
+            done.append("after the second")
+    assert done == ["after the first"]
+
+
+def test_the_users_handler_runs_for_each_ctrl_c(monkeypatch):
+    calls = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
+    try:
+        with interrupts.held_back("a block"):
+            signal.raise_signal(signal.SIGINT)
+            assert calls == []
+            signal.raise_signal(signal.SIGINT)
+            assert calls == [signal.SIGINT]
+        assert calls == [signal.SIGINT] * 2
+        with interrupts.held_back("nothing"):
+            pass
+        assert calls == [signal.SIGINT] * 2
+    finally:
+        signal.signal(signal.SIGINT, previous)
