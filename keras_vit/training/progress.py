@@ -119,13 +119,19 @@ class ThroughputTimer(keras.callbacks.Callback):
             at the start. Defaults to 2.
 
     `images_per_second(batch_size)` is then the rate over the timed batches
-    (None before a batch after `skip` has ended).
+    (None before a batch after `skip` has ended). Each `fit` is timed
+    afresh: a timer passed to the next `fit` too (a notebook cell run
+    again) counted that fit's compilation, 10-60x too slow.
     """
 
     def __init__(self, skip=2):
         super().__init__()
         positive_int(skip, "skip")
-        self.skip, self.batches, self.timed_batches, self.elapsed = skip, 0, 0, 0.0
+        self.skip = skip
+        self.on_train_begin()
+
+    def on_train_begin(self, logs=None):
+        self.batches, self.timed_batches, self.elapsed = 0, 0, 0.0
         self._in_epoch, self._last = 0, None
 
     def on_epoch_begin(self, epoch, logs=None):

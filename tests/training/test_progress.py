@@ -63,6 +63,10 @@ def test_throughput_times_the_batches_after_the_first_ones(monkeypatch):
     # 12 micro-batches: the clock starts at the 2nd; 10 timed in 5 s.
     assert (timer.batches, timer.timed_batches, timer.elapsed) == (12, 10, 5.0)
     assert timer.images_per_second(4) == 8.0
+    # The next fit (a cell run again) is timed afresh, its first batches
+    # (a new compilation) left out: they were timed, 10-60x too slow.
+    fit([timer])
+    assert (timer.batches, timer.timed_batches, timer.elapsed) == (12, 10, 5.0)
     with pytest.raises(ValueError, match="skip=0"):
         training.ThroughputTimer(skip=0)
     # steps_per_execution=2: each call ends 2 batches (counting calls gave half the rate).
