@@ -89,8 +89,11 @@ def from_timm(
         if isinstance(input_shape, (tuple, list)) and None in tuple(input_shape)[:2]:
             # A dynamic-size model keeps the checkpoint's embeddings (resampled
             # once along a fixed side) and resamples them in its graph as timm would.
-            stored = zip(tuple(input_shape)[:2], builder["input_shape"][:2])
-            builder.update(image_size=tuple(side if side is not None else checkpoint for side, checkpoint in stored),
+            # (The sides the checkpoint's patches cover: timm drops the rest.)
+            patch = normalize_pair(kwargs.get("patch_size", builder["patch_size"]), "patch_size")
+            stored = zip(tuple(input_shape)[:2], builder["input_shape"][:2], patch)
+            builder.update(image_size=tuple(side if side is not None else checkpoint - checkpoint % step
+                                            for side, checkpoint, step in stored),
                            posemb_interpolation=posemb_interpolation)
         builder["input_shape"] = input_shape
     if include_top:

@@ -148,6 +148,10 @@ def test_pixels_past_the_last_whole_patch_are_dropped_as_timm_does(tmp_path):
                                      r"36, 36, 3\)|Input to reshape is a tensor with 32 values, but the requested "
                                      r"shape has 36"):
         ours.predict(images(32), verbose=0)
+    # Any size: the embeddings of the 32 px the checkpoint's patches cover
+    # (`image_size=(36, 36)` was refused, a keyword the user never gave).
+    dynamic = keras_vit.from_timm(name, input_shape=(None, None, 3), **hub)
+    assert_close_rel(dynamic.predict(x[:, :32, :32], verbose=0), logits, tol=1e-4)
 
 
 def test_another_patch_size_is_pi_resized(tmp_path, caplog):
