@@ -109,10 +109,10 @@ def attention_model(model, blocks=None):
     Returns:
         A `keras.Model` whose output is a dict from block name
         (`"encoderblock_3"`) to its `(B, heads, T, T)` attention
-        probabilities, in the order given: `scores[b, h, i, j]` is how much
-        query token `i` attends to key token `j` (rows sum to 1). Token 0 is
-        the class token when the model has one, then the patches in row-major
-        order.
+        probabilities (read them by name: JAX returns the keys sorted):
+        `scores[b, h, i, j]` is how much query token `i` attends to key
+        token `j` (rows sum to 1). Token 0 is the class token when the model
+        has one, then the patches in row-major order.
     """
     names = block_names(model)
     chosen = _check_blocks(blocks, len(names))
