@@ -49,3 +49,28 @@ def test_the_users_handler_runs_for_each_ctrl_c(monkeypatch):
         assert calls == [signal.SIGINT] * 2
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_block_that_raises_still_lets_the_ctrl_c_through():
+    """The held Ctrl-C was lost when the block raised (a refused batch in a
+    step that was compiling)."""
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with interrupts.held_back("a failing block"):
+            signal.raise_signal(signal.SIGINT)
+            raise ValueError("a refused batch")
+    assert isinstance(raised.value.__context__, ValueError)
+
+
+def test_nested_blocks_hold_once(capsys):
+    """An inner block took the outer one's holder for the user's handler: a
+    second Ctrl-C was held again, and the message came twice."""
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts.held_back("the outer block"):
+            with interrupts.held_back("the inner block"):
+                signal.raise_signal(signal.SIGINT)
+                done.append("after the first")
+                signal.raise_signal(signal.SIGINT)
+                done.append("after the second")
+    assert done == ["after the first"]
+    assert capsys.readouterr().err.count("Ctrl-C held") == 1

@@ -653,7 +653,7 @@ def file_mode(target):
     a temporary file: the existing file's, else what `open` would give
     (0666 less the umask; `tempfile.mkstemp` creates 0600 files, which other
     users could not read)."""
-    if os.path.exists(target):
+    with contextlib.suppress(FileNotFoundError):  # (another writer may remove it meanwhile)
         return os.stat(target).st_mode & 0o7777
     umask = os.umask(0)
     os.umask(umask)
@@ -715,8 +715,9 @@ def write_files_atomically(files, argument="path"):
     whole before any is renamed, the renames are not cut by a Ctrl-C, and
     the old files of the later ones are removed before the first is
     replaced, so that a process killed between the renames leaves a file
-    missing (refused when read), never files of two writes. Returns the
-    paths."""
+    missing (refused when read), never files of two writes (two processes
+    writing at once may still leave one's file beside the other's).
+    Returns the paths."""
     pending = []  # (handle, temporary, target, path)
     try:
         for path, write in files:

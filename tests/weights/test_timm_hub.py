@@ -323,6 +323,29 @@ def test_export_timm_writes_its_files_as_export_npz_does(tmp_path):
         with pytest.raises(KeyboardInterrupt):
             keras_vit.export_timm(gap, directory)
     assert {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))} == old
+    # Two processes exporting to one folder at once: the config one removed
+    # between the other's look at it and its read of the permission bits
+    # failed with FileNotFoundError ("an existing file there is unchanged").
+    from keras_vit.weights import npz
+
+    stat = os.stat
+
+    def removed_meanwhile(path, *args, **kwargs):
+        if str(path).endswith("config.json"):
+            raise FileNotFoundError(path)
+        return stat(path, *args, **kwargs)
+
+    exists = os.path.exists
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os.path, "exists", lambda path: str(path).endswith("config.json") or exists(path))
+        patch.setattr(os, "stat", removed_meanwhile)
+        assert npz.file_mode(str(directory / "config.json")) == 0o666 & ~_umask()
+
+
+def _umask():
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def test_a_non_square_patch_exports_as_timms_pair(tmp_path):
