@@ -170,12 +170,13 @@ def fetch_commit(source, revision=None, token=None, cache_dir=None, local_files_
                 raise ValueError(_pickle_message(f"hf-hub:{repo}", cached_pickles)) from None
             if cached[filename] is not None and not isinstance(cached[filename], str):
                 return None  # the cache knows the repository has no such file
-            offline = local_files_only or constants.HF_HUB_OFFLINE
-            why = ("offline: HF_HUB_OFFLINE or local_files_only" if offline
-                   else f"{error.__cause__ or error}; HF_ENDPOINT={constants.ENDPOINT}")
+            if local_files_only or constants.HF_HUB_OFFLINE:
+                why = "offline: HF_HUB_OFFLINE or local_files_only). Connect once to download it"
+            else:  # the Hub (or what HF_ENDPOINT names) failed
+                why = f"{error.__cause__ or error}; HF_ENDPOINT={constants.ENDPOINT}). Call again when it answers"
             raise ValueError(
                 f"hf-hub:{repo}: {filename} is not in the local Hugging Face cache and cannot be downloaded "
-                f"now ({why}). Connect once to download it. Received: source={source!r}"
+                f"now ({why}. Received: source={source!r}"
             ) from error
         except errors.EntryNotFoundError:  # the repository has no such file
             return None
@@ -290,10 +291,10 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
 
     `pixel_mean`, `pixel_std`: the normalisation the model expects, for
     pixels in [0, 1]; default the model's `include_preprocessing` layer's,
-    else the original's (0.5, 0.5). Each file is written as `export_npz`
-    writes one, and the two together (`keras_vit.weights.npz.
-    write_files_atomically`): a reader never
-    sees half a file. Returns `directory`.
+    else the original's (0.5, 0.5). Both files are written as `export_npz`
+    writes one, and together (`keras_vit.weights.npz.write_files_atomically`):
+    a reader never sees half a file, nor one export's file beside another's.
+    Returns `directory`.
     """
     from keras_vit.anatomy import anatomy
     from keras_vit.preprocessing import check_pixel_stats
