@@ -42,7 +42,7 @@ def test_a_second_ctrl_c_interrupts_at_once(blocks, capsys):
     assert capsys.readouterr().err.count("Ctrl-C held") == 1
 
 
-def test_the_users_handler_runs_for_each_ctrl_c(monkeypatch):
+def test_the_users_handler_runs_for_each_ctrl_c():
     calls = []
     previous = signal.signal(signal.SIGINT, lambda signum, frame: calls.append(signum))
     try:
