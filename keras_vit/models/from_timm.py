@@ -115,7 +115,7 @@ def from_timm(
     model = ViT(None, name=name or _model_name(config["architecture"]), **options)
     # The model is the config's, but for the keywords given here on purpose
     # (e.g. gelu="quick" for OpenAI's CLIP weights).
-    hub.load_timm(model, source, posemb_interpolation, revision, token, cache_dir, local_files_only,
+    hub.load_timm(model, where, posemb_interpolation, revision, token, cache_dir, local_files_only,
                   check_numerics=False)
     return model
 

@@ -36,7 +36,8 @@ def _require(module):
 def hub_repo(source):
     """The Hub repository of a `source` that names one: `"hf-hub:timm/NAME"`,
     `"timm/NAME"` or a bare timm name with its tag (`"NAME.TAG"`,
-    e.g. `vit_base_patch16_224.augreg2_in21k_ft_in1k`); None for a local
+    e.g. `vit_base_patch16_224.augreg2_in21k_ft_in1k`), each may end in
+    `@REVISION` as timm writes it (`fetch` splits it off); None for a local
     path."""
     source = os.fspath(source)
     if source.startswith(HUB_PREFIX):
@@ -144,6 +145,12 @@ def fetch_commit(source, revision=None, token=None, cache_dir=None, local_files_
     directory): another call pinned to it (`revision=`) gets the same
     checkpoint even where the repository's branch moves in between."""
     repo = hub_repo(source)
+    if repo is not None and "@" in repo:  # timm's `hf-hub:timm/NAME@REVISION`
+        repo, named = repo.split("@", 1)
+        if revision is not None and revision != named:
+            raise ValueError(f"`source` names revision {named!r} and `revision` another: give one. "
+                             f"Received: source={source!r}, revision={revision!r}")
+        revision = named
     if repo is None:
         directory = os.path.expanduser(os.fspath(source))
         if not os.path.isdir(directory):

@@ -589,10 +589,10 @@ def test_from_timm_builds_a_dynamic_size_model_storing_the_checkpoints_embedding
     assert_close_rel(keras.ops.convert_to_numpy(half(images)), keras.ops.convert_to_numpy(static(images)), 1e-5)
 
 
-def publish_blobs(cache, name, model, commit, branch="main"):
+def publish_blobs(cache, name, model, commit, branch="main", **args):
     """`publish`, with the files as the client stores them: the snapshot's
     files link to blobs named by their SHA-256 (the Hub's ETag of a large
-    file)."""
+    file). `args`: the model's own beyond `TINY`."""
     import hashlib
     import tempfile
 
@@ -603,7 +603,7 @@ def publish_blobs(cache, name, model, commit, branch="main"):
     snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as saved:
-        save_for_hf(model, saved, model_args=dict(TINY), safe_serialization=True)
+        save_for_hf(model, saved, model_args={**TINY, **args}, safe_serialization=True)
         for filename in ("config.json", "model.safetensors"):
             content = Path(saved, filename).read_bytes()
             blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
@@ -624,7 +624,7 @@ def test_the_weights_come_from_the_configs_commit(tmp_path, monkeypatch):
         for parameter in second.parameters():
             parameter.normal_(0.0, 0.3)
     publish_blobs(tmp_path, name, first, COMMIT)
-    publish_blobs(tmp_path, name, second, "f" * 40, branch="next")
+    publish_blobs(tmp_path, name, second, "f" * 40, branch="next", num_heads=4)
     refs = tmp_path / f"models--timm--{name}" / "refs"
     download = huggingface_hub.hf_hub_download
 
@@ -713,3 +713,22 @@ def test_gated_and_failing_hubs_are_told_apart_from_offline(tmp_path, monkeypatc
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", failing)
     with pytest.raises(ValueError, match=r"cannot be downloaded now \(500 Server Error; HF_ENDPOINT=.*\)"):
         keras_vit.from_timm(name, cache_dir=tmp_path)
+
+
+def test_a_revision_in_the_name_as_timm_writes_it(tmp_path):
+    """timm's `hf-hub:timm/NAME@REVISION` was refused as "neither a local
+    directory nor a Hub repository name"."""
+    name = FAMILIES["original"]
+    first, second = timm_model(name), timm_model(name, num_heads=4)
+    with torch.no_grad():
+        for parameter in second.parameters():
+            parameter.normal_(0.0, 0.3)
+    publish_blobs(tmp_path, name, first, COMMIT)
+    publish_blobs(tmp_path, name, second, "f" * 40, branch="next", num_heads=4)
+    hub = dict(cache_dir=tmp_path, local_files_only=True)
+    for source in (f"hf-hub:timm/{name}@next", f"timm/{name}@next", f"{name}@{'f' * 40}"):
+        ours = keras_vit.from_timm(source, **hub)
+        assert ours.get_layer("encoderblock_0").num_heads == 4, source
+        assert_close_rel(ours.predict(images(), verbose=0), reference(second, images())[0], tol=1e-4)
+    with pytest.raises(ValueError, match="`source` names revision 'next' and `revision` another: give one"):
+        keras_vit.from_timm(f"timm/{name}@next", revision="main", **hub)
