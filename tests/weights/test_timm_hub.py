@@ -732,3 +732,17 @@ def test_a_revision_in_the_name_as_timm_writes_it(tmp_path):
         assert_close_rel(ours.predict(images(), verbose=0), reference(second, images())[0], tol=1e-4)
     with pytest.raises(ValueError, match="`source` names revision 'next' and `revision` another: give one"):
         keras_vit.from_timm(f"timm/{name}@next", revision="main", **hub)
+
+
+def test_offline_a_file_the_cache_knows_is_missing_is_named(tmp_path):
+    """The client records files a repository does not have (`.no_exist`):
+    offline, a repository without safetensors weights was told to connect
+    once to download them."""
+    name = FAMILIES["original"]
+    config = json.dumps({"architecture": "vit_base_patch16_224", "model_args": TINY}).encode()
+    snapshot = publish(tmp_path, name, files={"config.json": config})
+    missing = snapshot.parent.parent / ".no_exist" / COMMIT
+    missing.mkdir(parents=True)
+    (missing / "model.safetensors").touch()
+    with pytest.raises(ValueError, match="has no model.safetensors; keras_vit reads safetensors only"):
+        keras_vit.from_timm(name, cache_dir=tmp_path, local_files_only=True)
