@@ -612,6 +612,19 @@ def publish_blobs(cache, name, model, commit, branch="main", **args):
     return snapshot
 
 
+def publish_two_commits(cache, name):
+    """`(first, second)`: timm models published as the `main` branch's
+    commit `COMMIT` and the `next` branch's `"f" * 40`, the second with
+    other heads and other weights of the same shapes."""
+    first, second = timm_model(name), timm_model(name, num_heads=4)
+    with torch.no_grad():
+        for parameter in second.parameters():
+            parameter.normal_(0.0, 0.3)
+    publish_blobs(cache, name, first, COMMIT)
+    publish_blobs(cache, name, second, "f" * 40, branch="next", num_heads=4)
+    return first, second
+
+
 def test_the_weights_come_from_the_configs_commit(tmp_path, monkeypatch):
     """The branch moved between the config's download and the weights' (a
     new commit with other heads and weights of the same shapes): the model
@@ -619,12 +632,7 @@ def test_the_weights_come_from_the_configs_commit(tmp_path, monkeypatch):
     import huggingface_hub
 
     name = FAMILIES["original"]
-    first, second = timm_model(name), timm_model(name, num_heads=4)
-    with torch.no_grad():
-        for parameter in second.parameters():
-            parameter.normal_(0.0, 0.3)
-    publish_blobs(tmp_path, name, first, COMMIT)
-    publish_blobs(tmp_path, name, second, "f" * 40, branch="next", num_heads=4)
+    first, second = publish_two_commits(tmp_path, name)
     refs = tmp_path / f"models--timm--{name}" / "refs"
     download = huggingface_hub.hf_hub_download
 
@@ -719,12 +727,7 @@ def test_a_revision_in_the_name_as_timm_writes_it(tmp_path):
     """timm's `hf-hub:timm/NAME@REVISION` was refused as "neither a local
     directory nor a Hub repository name"."""
     name = FAMILIES["original"]
-    first, second = timm_model(name), timm_model(name, num_heads=4)
-    with torch.no_grad():
-        for parameter in second.parameters():
-            parameter.normal_(0.0, 0.3)
-    publish_blobs(tmp_path, name, first, COMMIT)
-    publish_blobs(tmp_path, name, second, "f" * 40, branch="next", num_heads=4)
+    first, second = publish_two_commits(tmp_path, name)
     hub = dict(cache_dir=tmp_path, local_files_only=True)
     for source in (f"hf-hub:timm/{name}@next", f"timm/{name}@next", f"{name}@{'f' * 40}"):
         ours = keras_vit.from_timm(source, **hub)
