@@ -93,6 +93,19 @@ def decode_image(image, channels=3):
         return _bmp_palette_colours(data, image) if channels == 3 else image
     if channels == 3 and image.shape[-1] == 1:
         image = tf.tile(image, [1, 1, 3])
+    elif channels == 3 and image.shape[-1] is None:
+        # Pixels whose depth is known only per image (a generator's source):
+        # RGBA passed through and grey stayed one channel.
+        depth = tf.shape(image)[-1]
+        image = checked(
+            image,
+            (depth == 1) | (depth == 3),
+            "Decoded pixels must have 1 or 3 channels (give the DataSource a `decode` "
+            "function for others, e.g. one dropping alpha); got an image of channels",
+            depth,
+        )
+        image = tf.cond(depth == 1, lambda: tf.tile(image, [1, 1, 3]), lambda: image)
+        image.set_shape([None, None, 3])
     return image
 
 

@@ -127,6 +127,15 @@ def _batched(
     if repeat is None:
         repeat = training
     _checks.boolean(repeat, "repeat")  # a truthy "no" made an evaluation pass endless
+    if training and not repeat and n is not None and n < batch_size:
+        # Training drops the partial batch: one pass would hold no batch, and
+        # `fit` ended in a bare StopIteration.
+        _checks.fail(
+            "batch_size",
+            batch_size,
+            f"at most the {n} examples of source {source.name!r} for one training pass "
+            "without repeat (its partial batch is dropped); or repeat=True",
+        )
     if training and cached and n:
         # A cache replays the order it was filled in; reshuffle the whole
         # cached split every epoch instead. The buffer holds references to

@@ -95,6 +95,17 @@ def _has_files(directory):
     return tf.io.gfile.isdir(directory) and bool(tf.io.gfile.listdir(directory))
 
 
+def _without_catalogue(error):
+    """tfds' error for an unknown name lists all its ~1,300 datasets, about
+    9,000 characters, before its "Did you mean"; the list is left out."""
+    lines, listing = [], False
+    for line in str(error).splitlines():
+        listing = line == "Available datasets:" or (listing and line.startswith("\t- "))
+        if not listing:
+            lines.append(line)
+    return "\n".join(lines).strip()
+
+
 def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instructions=None):
     """Returns a prepared tfds builder, or raises `DatasetNotAvailableError`.
 
@@ -116,7 +127,7 @@ def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instruc
         builder = tfds.builder(name, data_dir=data_dir)
     except Exception as e:  # tfds raises several types for unknown names/versions.
         raise ValueError(
-            f"tensorflow-datasets cannot build dataset {name!r}: {e}. Received: name={name!r}"
+            f"tensorflow-datasets cannot build dataset {name!r}: {_without_catalogue(e)}. Received: name={name!r}"
         ) from e
     if builder.is_prepared():
         return builder
@@ -362,6 +373,16 @@ def _unreadable(paths):
     return np.flatnonzero(~good)
 
 
+def _walk(folder):
+    """`tf.io.gfile.walk`, but on a local disk linked sub-folders are not
+    followed, as in `keras.utils.image_dataset_from_directory`: a link to
+    a parent folder gave every image again, under this class's label, until
+    the path grew too long. (A class folder may itself be a link.)"""
+    if "://" in folder:  # gs:// and other file systems have no links
+        return tf.io.gfile.walk(folder)
+    return os.walk(folder, followlinks=False)
+
+
 def from_directory(
     directory,
     *,
@@ -371,7 +392,8 @@ def from_directory(
     skip_bad_images=False,
 ):
     """Images in one sub-folder per class: `directory/<class>/<image>`
-    (`<image>` may lie in sub-folders of the class folder).
+    (`<image>` may lie in sub-folders of the class folder; linked
+    sub-folders are not followed, as in Keras' `image_dataset_from_directory`).
 
     Class indices follow the sorted sub-folder names, or `class_names`;
     `DataSource.dataset` lists the files in sorted order and training
@@ -410,6 +432,9 @@ def from_directory(
             "`skip_bad_images=True` needs `check_images=True` (bad images are "
             "found by the check). Received: check_images=False"
         )
+    # A str is a sequence of its characters: ".png" matched every name ending in "g".
+    if isinstance(extensions, str) or not all(isinstance(e, str) and e for e in extensions):
+        _checks.fail("extensions", extensions, "a sequence of file name endings such as ('.jpg', '.png')")
     extensions = tuple(e.lower() for e in extensions)
     found = sorted(
         entry.rstrip("/")
@@ -427,7 +452,10 @@ def from_directory(
         if isinstance(class_names, str) or not all(isinstance(c, str) for c in class_names):
             _checks.fail("class_names", class_names, "a sequence of str")
         class_names = tuple(class_names)
-        if len(set(class_names)) != len(class_names) or set(class_names) != set(found):
+        repeated = sorted({c for c in class_names if class_names.count(c) > 1})
+        if repeated:
+            _checks.fail("class_names", list(class_names), f"distinct names; {repeated} repeat")
+        if set(class_names) != set(found):
             missing = sorted(set(class_names) - set(found))
             extra = sorted(set(found) - set(class_names))
             raise ValueError(
@@ -442,7 +470,7 @@ def from_directory(
         # `keras.utils.image_dataset_from_directory` (they were left out without a word).
         files = sorted(
             os.path.join(root, f)
-            for root, _, names in tf.io.gfile.walk(os.path.join(directory, class_name))
+            for root, _, names in _walk(os.path.join(directory, class_name))
             if not any(part.startswith(".") for part in os.path.relpath(root, directory).split(os.sep))
             for f in names
             if not f.startswith(".") and f.lower().endswith(extensions)

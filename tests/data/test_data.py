@@ -340,6 +340,18 @@ def test_every_pipeline_on_mock_data(tmp_path):
 
 
 @pytest.mark.one_backend
+def test_mistyped_dataset_name_gives_tfds_advice_without_its_catalogue(tmp_path):
+    """tfds lists its ~1,300 datasets in the error (about 9,000 characters),
+    with its "Did you mean" after them."""
+    with pytest.raises(ValueError) as info:
+        keras_vit.data.from_tfds("cifar_10", data_dir=tmp_path)
+    message = str(info.value)
+    assert "Dataset cifar_10 not found." in message and "Did you mean: cifar_10 -> cifar10" in message
+    assert message.endswith("Received: name='cifar_10'") and "abstract_reasoning" not in message
+    assert len(message) < 1500, len(message)
+
+
+@pytest.mark.one_backend
 def test_missing_dataset_says_what_to_download(tmp_path):
     with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
         keras_vit.data.from_tfds("cifar10", "train", data_dir=tmp_path, download=False)
@@ -711,6 +723,12 @@ def test_argument_errors_name_the_argument_and_value(folder):
         (lambda: keras_vit.data.finetune_pipeline(**finetune | {"training": False}, repeat="no"), "repeat", "'no'",
          "a bool"),
         (lambda: keras_vit.data.from_directory(folder[0], check_images="no"), "check_images", "'no'", "a bool"),
+        # A str is a sequence of characters: ".png" matched every name ending in "g".
+        (lambda: keras_vit.data.from_directory(folder[0], extensions=".png"), "extensions", "'.png'",
+         "a sequence of file name endings such as \\('.jpg', '.png'\\)"),
+        # One training pass drops its partial batch: no batch at all, and fit's bare StopIteration.
+        (lambda: keras_vit.data.finetune_pipeline(**finetune | {"batch_size": 11}, repeat=False), "batch_size",
+         "11", "at most the 10 examples of source .* for one training pass without repeat"),
         (lambda: keras_vit.data.vtab.vtab_pipeline("dtd", "train", batch_size=2), "split", "'train'", "one of"),
         (lambda: ops.inception_crop(tf.zeros((8, 8, 3)), area_range=(0.5, 0.1)), "area_range",
          "\\(0.5, 0.1\\)", "a pair \\(min, max\\)"),
@@ -965,6 +983,44 @@ def test_decoded_pixels_other_than_uint8_rgb_are_refused():
 
 
 @pytest.mark.one_backend
+def test_pixels_of_open_channel_count_are_tiled_or_refused_when_read():
+    """A generator's source may leave the channels open, `(None, None,
+    None)`: grey stayed one channel and RGBA passed through to the model."""
+
+    def source(*depths):
+        def images():
+            for i, depth in enumerate(depths):
+                yield {"image": np.full((4, 4, depth), 10 * (i + 1), np.uint8), "label": i % 2}
+
+        spec = {"image": tf.TensorSpec((None, None, None), tf.uint8), "label": tf.TensorSpec((), tf.int64)}
+        return sources.DataSource(tf.data.Dataset.from_generator(images, output_signature=spec), num_classes=2)
+
+    x, _ = next(iter(pipelines.finetune_pipeline(source(1, 3), training=False, batch_size=2, image_size=4)))
+    assert x.shape == (2, 4, 4, 3)
+    np.testing.assert_array_equal(x.numpy()[0], np.float32((10 - 127.5) / 127.5))
+    np.testing.assert_array_equal(x.numpy()[1], np.float32((20 - 127.5) / 127.5))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must have 1 or 3 channels.*got an image of channels.*4"):
+        next(iter(pipelines.finetune_pipeline(source(3, 4), training=False, batch_size=2, image_size=4)))
+
+
+@pytest.mark.one_backend
+def test_from_directory_follows_no_linked_sub_folder(tmp_path):
+    """A link to a parent folder inside a class folder gave every image
+    again, under that class's label, 40 times over (the walk followed it
+    until the path was too long); a class folder may itself be a link."""
+    for path, value in (("data/cat/a.png", 0), ("data/dog/b.png", 1), ("elsewhere/bird/c.png", 2)):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        _good_png(tmp_path / path, value=value)
+    os.symlink("..", tmp_path / "data" / "cat" / "up")
+    os.symlink(".", tmp_path / "data" / "dog" / "self")
+    os.symlink(tmp_path / "elsewhere" / "bird", tmp_path / "data" / "bird")
+    source = keras_vit.data.from_directory(tmp_path / "data")
+    assert source.class_names == ("bird", "cat", "dog")
+    found = [(int(tf.io.decode_png(ex["image"])[0, 0, 0]), int(ex["label"])) for ex in source.dataset]
+    assert found == [(2, 0), (0, 1), (1, 2)]
+
+
+@pytest.mark.one_backend
 def test_class_names_must_match_and_set_label_order(tmp_path):
     for split, names in (("train", ("cat", "dog")), ("test", ("cat", "dgo"))):
         for value, name in enumerate(names):
@@ -984,6 +1040,9 @@ def test_class_names_must_match_and_set_label_order(tmp_path):
     for bad in ("cat", ["cat", "cat", "dog"], [1, 2]):
         with pytest.raises(ValueError, match="class_names="):
             keras_vit.data.from_directory(tmp_path / "train", class_names=bad)
+    # A repeated name is named (the message listed no missing and no extra folder).
+    with pytest.raises(ValueError, match=r"distinct names; \['cat'\] repeat. Received: class_names=\['cat', 'cat', 'dog'\]"):
+        keras_vit.data.from_directory(tmp_path / "train", class_names=["cat", "cat", "dog"])
 
 
 @pytest.mark.one_backend
