@@ -15,6 +15,7 @@ import math
 
 from recipes.cli import RecipeError
 from recipes.cli import parse_bool
+from recipes.cli import show
 from recipes.configs import AUGREG
 from recipes.configs import FIGURE_FORMATS
 from recipes.configs import LOSSES
@@ -72,10 +73,10 @@ def check(config):
         if not config.dataset:
             raise RecipeError("give --dataset: a tfds name, a folder of images, or synthetic (or --smoke).")
         if len(config.image_size) not in (1, 2):
-            raise RecipeError(f"--image_size takes one or two ints. Received: --image_size={config.image_size}")
+            raise RecipeError(f"--image_size takes one or two ints. Received: --image_size={show(config.image_size)}")
         if config.image_size[0] != config.image_size[-1] and config.dataset != "synthetic":
             raise RecipeError(f"--image_size must be square for --dataset={config.dataset}. "
-                              f"Received: --image_size={','.join(map(str, config.image_size))}")
+                              f"Received: --image_size={show(config.image_size)}")
         return
     if config.pipeline != "finetune" and (
             isinstance(config, VtabConfig) or str(config.dataset or "").startswith(VTAB_PREFIX)):
@@ -93,7 +94,7 @@ def check(config):
     if config.sweep:
         if len(config.steps_grid) != len(config.warmup_grid):
             raise RecipeError("--warmup_grid needs one warmup per entry of steps_grid. Received: "
-                              f"--steps_grid={config.steps_grid}, --warmup_grid={config.warmup_grid}")
+                              f"--steps_grid={show(config.steps_grid)}, --warmup_grid={show(config.warmup_grid)}")
         for steps, warmup in zip(config.steps_grid, config.warmup_grid):
             check_schedule(config.replace(total_steps=steps, warmup_steps=warmup))
     if config.lora_rank is not None:
@@ -105,7 +106,7 @@ def check(config):
         unknown = [t for t in config.lora_targets if t not in TARGETS]
         if unknown or not config.lora_targets:
             raise RecipeError(f"--lora_targets must be names from {list(TARGETS)}. "
-                              f"Received: --lora_targets={','.join(config.lora_targets)}")
+                              f"Received: --lora_targets={show(config.lora_targets)}")
     if config.batch_augmentation:  # a bad name fails before any data is read
         from keras_vit import data
 

@@ -92,7 +92,8 @@ def parser_for(annotation):
     raise TypeError(f"Unsupported config field type {annotation!r}")
 
 
-def _show(value):
+def show(value):
+    """`value` as written on the command line (`--image_size=16,24`)."""
     if isinstance(value, (tuple, list)):
         return ",".join(str(v) for v in value)
     if isinstance(value, dict):
@@ -161,7 +162,7 @@ def parse(argv, recipe, *, prog, description):
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
         valid = f", in {field.metadata['valid']}" if field.metadata.get("valid") else ""
         takes = field.metadata.get("library")
-        shown, text = _show(value), field.metadata.get("help", "")
+        shown, text = show(value), field.metadata.get("help", "")
         if takes and value is None:  # the optimizer function's default, or a field it does not use
             shown = (f"{OPTIMIZERS[config.optimizer]}'s" if config.optimizer in takes else
                      f"none; --optimizer={' or '.join(takes)} only")

@@ -1082,6 +1082,11 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
         vtab.main, ["--smoke", run, "--lora_rank=4", "--lora_targets=query,qkv"], capsys)
     assert "--lora_rank must be in [1, inf). Received: --lora_rank=0" in _error(
         finetune.main, ["--smoke", run, "--lora_rank=0"], capsys)
+    # Lists as they were typed (Python's tuples before: --image_size=(16, 24, 3)).
+    assert _error(pretrain_mpp.main, ["--smoke", run, "--image_size=16,24,3"], capsys).endswith(
+        "Received: --image_size=16,24,3\n")
+    assert _error(finetune.main, ["--smoke", run, "--sweep", "--steps_grid=2"], capsys).endswith(
+        "Received: --steps_grid=2, --warmup_grid=\n")
     # Past what the model's kernels can take: the library's refusal, one line (a traceback before).
     assert "--lora_rank=1000: `rank` must be at most" in _error(finetune.main, ["--smoke", run, "--lora_rank=1000"],
                                                               capsys)
