@@ -13,6 +13,13 @@ from keras_vit.layers.utils import non_negative_int, normalize_pair, patch_grid
 INTERPOLATIONS = ("linear", "bicubic", "bicubic_antialias")
 
 
+def check_interpolation(interpolation):
+    if interpolation not in INTERPOLATIONS:
+        raise ValueError(
+            f"`interpolation` must be one of {INTERPOLATIONS}. Received: interpolation={interpolation!r}"
+        )
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AddPositionEmbedding(keras.layers.Layer):
     """Adds a learned `(1, T, D)` position embedding to a `(B, T, D)` sequence.
@@ -61,10 +68,7 @@ class AddPositionEmbedding(keras.layers.Layer):
                 "A dynamic position embedding needs both `grid` and `stride`. "
                 f"Received: grid={grid!r}, stride={stride!r}"
             )
-        if interpolation not in INTERPOLATIONS:
-            raise ValueError(
-                f"`interpolation` must be one of {INTERPOLATIONS}. Received: interpolation={interpolation!r}"
-            )
+        check_interpolation(interpolation)
         self.grid = None if grid is None else normalize_pair(grid, "grid")
         self.stride = None if stride is None else normalize_pair(stride, "stride")
         self.num_prefix_tokens = non_negative_int(num_prefix_tokens, "num_prefix_tokens")
@@ -223,11 +227,7 @@ def resample_grid(grid, new_shape, interpolation="linear"):
     `"bicubic_antialias"` its antialiased form, with which timm resamples.
     Computed in float64 and returned in the input's dtype.
     """
-    if interpolation not in INTERPOLATIONS:
-        raise ValueError(
-            f"`interpolation` must be one of {INTERPOLATIONS}. "
-            f"Received: interpolation={interpolation!r}"
-        )
+    check_interpolation(interpolation)
     rows = interpolation_matrix(grid.shape[0], new_shape[0], interpolation)
     cols = interpolation_matrix(grid.shape[1], new_shape[1], interpolation)
     out = np.einsum("ri,ijd,cj->rcd", rows, grid.astype(np.float64), cols)

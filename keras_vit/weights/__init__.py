@@ -5,6 +5,7 @@ import os
 import keras
 
 from keras_vit.anatomy import anatomy
+from keras_vit.layers.position_embedding import check_interpolation
 from keras_vit.layers.utils import check_bool
 from keras_vit.variants import resolve_variant
 from keras_vit.weights import cache, hub, registry
@@ -57,6 +58,8 @@ def load_weights(
     if not isinstance(model, keras.Model):
         raise ValueError(f"`model` must be a keras_vit model. Received: model={model!r}")
     allow_nonfinite = check_bool(allow_nonfinite, "allow_nonfinite")
+    if interpolation is not None:  # also when nothing needs resampling, and not blamed on the file
+        check_interpolation(interpolation)
     if not isinstance(weights, (str, os.PathLike)):
         raise ValueError(
             "`weights` must be None, a file path or a registered name. "

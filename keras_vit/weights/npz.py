@@ -392,7 +392,10 @@ def _dtype_problem(key, dtype, variable_dtype):
     # Checkpoints hold floats; an int, bool, complex, string or structured
     # array under a weight's key is a wrong file, not a value to cast.
     if dtype.kind != "f" or not np.can_cast(dtype, variable_dtype, casting="same_kind"):
-        return f"{key} has dtype {dtype}; a floating-point array castable to {variable_dtype} is needed"
+        raw = dtype.kind == "V" and dtype.itemsize == 2 and not dtype.names
+        why = (" (2-byte raw values: how np.savez stores bfloat16, whose type it does not record; save the "
+               "arrays as float32)") if raw else ""
+        return f"{key} has dtype {dtype}{why}; a floating-point array castable to {variable_dtype} is needed"
     return None
 
 
@@ -456,8 +459,9 @@ def prepare_npz(model, path, interpolation="linear", source_grid=None, allow_non
       the file's metadata (keras_vit records it), else square. Without
       either, an embedding of the model's shape is kept as it is, as the
       original's rule (resample when the shape differs) does.
-    - The head is loaded when its shape matches the model's; otherwise it is
-      re-initialised (zeros) for fine-tuning.
+    - The head is loaded when its shape matches the model's and both have
+      `pre_logits` or neither; otherwise it is re-initialised for
+      fine-tuning (zeros; the bias `head_bias_init`).
     - A checkpoint `pre_logits` layer is dropped when the model has none; a
       model `pre_logits` layer missing from the checkpoint keeps its fresh
       initialisation.
@@ -525,13 +529,25 @@ def _check_headers(targets, members):
     problems, notes, reads = [], [], []
     has_head = "head/kernel" in targets
     # The head loads whole or not at all (the original `load_pretrained`
-    # re-initialises it when its kernel's shape differs).
-    head_fits = all(key in members and members[key].shape == tuple(variable.shape)
-                    for key, variable in targets.items() if key.startswith("head/"))
+    # re-initialises it when its kernel's shape differs). A head trained on
+    # `tanh(pre_logits(x))` does not fit raw features, nor the reverse, even
+    # where the shapes agree (every imagenet21k file has pre_logits as wide
+    # as the model).
+    model_pre_logits, file_pre_logits = ("pre_logits/kernel" in keys for keys in (targets, members))
+    head_fits = model_pre_logits == file_pre_logits and all(
+        key in members and members[key].shape == tuple(variable.shape)
+        for key, variable in targets.items() if key.startswith("head/"))
     for key, variable in targets.items():
         shape = tuple(variable.shape)
         if key.startswith("head/") and not head_fits and key in members and members[key].shape == shape:
-            notes.append(f"`{key}` is re-initialised (zeros) with the rest of the head, which does not fit.")
+            if model_pre_logits == file_pre_logits:
+                why = "the rest of the head does not fit"
+            elif file_pre_logits:
+                why = ("the checkpoint's head reads its pre_logits layer, which the model lacks (give the model "
+                       "representation_size to keep both)")
+            else:
+                why = "the model's head reads a pre_logits layer the checkpoint lacks"
+            notes.append(f"`{key}` is re-initialised for fine-tuning ({_INITIAL_HEAD}): {why}.")
             continue
         if key not in members:
             if key.startswith("head/"):
@@ -558,7 +574,7 @@ def _check_headers(targets, members):
         elif key.startswith("head/") and member.shape != shape:
             notes.append(
                 f"`{key}` has shape {member.shape} in the checkpoint and {shape} in "
-                "the model: re-initialised (zeros) for fine-tuning."
+                f"the model: re-initialised for fine-tuning ({_INITIAL_HEAD})."
             )
         elif member.shape == shape or (
             # Pre-Linen GroupNorm stored scale/bias as (1, 1, 1, C).
@@ -585,6 +601,10 @@ def _load_error(model, path, members, problems):
         f"is unchanged. Checkpoint: {_describe(members)}. {len(problems)} problem(s):"
         f"\n  {listed}\nReceived: weights={path!r}"
     )
+
+
+# What `_initial_value` gives a ViT head (`keras_vit.models.vit`).
+_INITIAL_HEAD = "zeros; the bias head_bias_init"
 
 
 def _initial_value(layer, key, shape):
