@@ -134,9 +134,12 @@ def _block_names(model):
         if match and isinstance(layer, vit_layers.TransformerEncoderBlock):
             found[int(match.group(1))] = layer.name
     if not found or sorted(found) != list(range(len(found))):
+        inner = [layer.name for layer in getattr(model, "layers", ()) if isinstance(layer, keras.Model)]
+        hint = f"; it holds the model(s) {inner} as layers: pass the keras_vit one, e.g. model.get_layer({inner[0]!r})" \
+            if inner else ""
         raise ValueError(
             "The model has no consecutive `encoderblock_{i}` TransformerEncoderBlock "
-            "layers, so it is not a keras_vit ViT. "
+            f"layers, so it is not a keras_vit ViT{hint}. "
             f"Received: model={_describe(model)!r}"
         )
     return tuple(found[i] for i in range(len(found)))

@@ -4,6 +4,7 @@ table of model kinds (plain, gap, pre-logits, hybrid, root-only hybrid)."""
 import keras
 import pytest
 
+import keras_vit
 from keras_vit.models import anatomy
 from tests.helpers import MODEL_KINDS, tiny_model
 
@@ -52,6 +53,14 @@ def test_anatomy_refuses_other_models_naming_them():
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)], name="not_a_vit")
     with pytest.raises(ValueError, match="not a keras_vit ViT.*not_a_vit"):
         anatomy(other)
+    # A ViT wrapped in the user's model: named, with the way out (the hint came only from `get_layer`).
+    vit = keras_vit.ViT(None, input_shape=(16, 16, 3), num_classes=2, patch_size=8, hidden_size=8, num_layers=1,
+                        num_heads=2, mlp_dim=8, name="my_vit")
+    wrapped = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Rescaling(1.0), vit], name="wrapper")
+    with pytest.raises(ValueError, match=r"not a keras_vit ViT; it holds the model\(s\) \['my_vit'\] as layers: pass "
+                                         r"the keras_vit one, e.g. model.get_layer\('my_vit'\). Received: model='wrapper'"):
+        anatomy(wrapped)
+    assert anatomy(wrapped.get_layer("my_vit")).num_layers == 1
 
 
 def test_anatomy_reads_the_tensor_the_vit_was_built_on():

@@ -552,7 +552,8 @@ class BackupAndResume(keras.callbacks.Callback):
                     f"Training stopped: the loss became {loss} at epoch "
                     f"{self._epoch}, batch {batch}; {where}. Lower the learning "
                     "rate, check the data or clip gradients, then run the same "
-                    "command again to resume from it."
+                    "command again to resume from it (the model in memory holds the "
+                    "bad step's values: NaN weights or accumulated gradients)."
                 )
         self._since_save += new
         if isinstance(self.save_freq, int) and self._since_save >= self.save_freq:
