@@ -76,9 +76,15 @@ def build_model(config):
             raise cli.RecipeError("a .weights.h5 file needs --num_classes (the saved head's classes).")
         kwargs["num_classes"] = config.num_classes
     else:
-        # The head plays no part in the figures; a checkpoint's head is dropped.
+        # The head plays no part in the figures; a checkpoint's head is
+        # dropped. Its pooling stays: rollout starts from what the head reads
+        # (a gap model with a class token started from the class token).
         kwargs["include_top"] = False
     try:
+        if not kwargs.get("include_top", True):
+            fields = keras_vit.variants.resolve_variant(variant)[1] if variant else keras_vit.variants.DEFAULTS
+            classifier = config.model_overrides.get("classifier", fields["classifier"])
+            kwargs.setdefault("pooling", classifier if classifier in ("token", "gap", "map") else None)
         return keras_vit.ViT(variant, **kwargs)
     except (ValueError, OSError) as error:
         raise _expected(f"--model={config.model}, --weights={weights}")(error) from None

@@ -148,7 +148,9 @@ def rollout_maps(model, images, source=None, head_fusion="mean", batch_size=32):
         images: `(B, H, W, 3)` array in [-1, 1].
         source: `"token"` or `"mean"`; defaults to what the head reads: the
             class token for token models, the mean over tokens for gap
-            models (with a class token or without) and MAP pooling.
+            models (with a class token or without) and MAP pooling. A
+            model built without head and pooling (its token sequence) has
+            no record of its classifier: the class token when it has one.
         head_fusion: `"mean"` (the method), `"max"` or `"min"`.
         batch_size: images per forward pass.
 

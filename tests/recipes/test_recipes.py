@@ -1258,6 +1258,26 @@ def test_an_evaluation_split_without_labels_is_refused_before_training(tmp_path,
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "history.csv").exists()
 
 
+def test_inspect_vit_keeps_the_pooling_its_rollout_starts_from():
+    """Built without its head, a gap model with a class token (MAE's) lost
+    its pooling, and rollout started from the class token, not from the mean
+    its head reads."""
+    from keras_vit import inspect as vit_inspect
+
+    images = np.random.default_rng(0).uniform(-1, 1, (2, 16, 24, 3)).astype("float32")
+    for overrides, source in ((dict(classifier="gap", class_token=True), "mean"), ({}, "token"),
+                              (dict(classifier="gap"), "mean"), (dict(classifier="gap", class_token=True,
+                                                                       pooling="token"), "token")):
+        config = inspect_vit.RECIPE.get_config(smoke=True)
+        model = inspect_vit.build_model(config.replace(model_overrides={**config.model_overrides, **overrides}))
+        for got, expected in zip(vit_inspect.rollout_maps(model, images),
+                                 vit_inspect.rollout_maps(model, images, source=source)):
+            np.testing.assert_array_equal(got, expected, err_msg=str(overrides))
+    other = {"token": "mean", "mean": "token"}[source]
+    assert not np.allclose(vit_inspect.rollout_maps(model, images)[0],
+                           vit_inspect.rollout_maps(model, images, source=other)[0])
+
+
 def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
     from PIL import Image
 
