@@ -6,6 +6,7 @@ import ast
 import inspect
 import pathlib
 import re
+import warnings
 
 import keras
 import numpy as np
@@ -97,6 +98,22 @@ def test_keras_file_round_trip(served, tmp_path):
     loaded = keras.saving.load_model(tmp_path / "model.keras")
     assert isinstance(loaded.get_layer("preprocess_input"), PreprocessInput)
     np.testing.assert_allclose(loaded.predict(x.astype("float32"), verbose=0), expected, rtol=0, atol=1e-6)
+
+
+def test_a_keras_3_10_config_is_called_without_a_structure_warning(served):
+    """Keras 3.10 writes one input and one output as lists of one; a file of
+    it loaded by Keras 3.15 warned at every call with one tensor ("The
+    structure of `inputs` doesn't match")."""
+    model, x, expected = served
+    config = model.get_config()
+    if not isinstance(config["input_layers"][0], list):  # Keras 3.15's form: written as 3.10 does
+        config["input_layers"], config["output_layers"] = [config["input_layers"]], [config["output_layers"]]
+    rebuilt = type(model).from_config(config)
+    rebuilt.set_weights(model.get_weights())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        logits = to_numpy(rebuilt(x.astype("float32")))
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-5)  # eager against predict's compiled call
 
 
 def test_saved_model(served, tmp_path):

@@ -151,6 +151,13 @@ class ViTModel(SurvivesFailedSteps, keras.Model):
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         quantized = config.pop("quantized_layers", {})
+        for key in ("input_layers", "output_layers"):
+            # Keras 3.10 wrote one input (output) as a list of one; built so
+            # by Keras 3.15, the model warned at every call with one tensor
+            # ("The structure of `inputs` doesn't match").
+            layers = config.get(key)
+            if isinstance(layers, list) and len(layers) == 1 and isinstance(layers[0], list):
+                config[key] = layers[0]
         model = super().from_config(config, custom_objects=custom_objects)
         for layer in _leaves(model):
             # Top-level layers come back quantized from their own configs.
