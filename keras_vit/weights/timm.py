@@ -184,7 +184,8 @@ def load_timm_state(model, state, interpolation="bicubic_antialias", source_grid
     assigned. The position embedding is resampled to the model's grid
     (`interpolation`: `"bicubic_antialias"`, timm's, `"bicubic"` or
     `"linear"`). A checkpoint head of another size than the model's, or
-    none, leaves the model's head as it is (zero when built: the paper's
+    none, or a model with a `pre_logits` layer (which timm's have not),
+    leaves the model's head as it is (zero when built: the paper's
     fine-tuning start); a model without a head ignores the checkpoint's.
     `source_grid`: `(rows, cols)` of a non-square checkpoint's patch grid;
     when None, `recorded_grid` (its config's) if it holds the grid's
@@ -197,8 +198,13 @@ def load_timm_state(model, state, interpolation="bicubic_antialias", source_grid
     notes = []
     head_keys = {key for key in set(arrays) | set(mapping) if key.startswith("head.")}
     head_fits = all(key in arrays and key in mapping and _fits(mapping[key], arrays[key]) for key in head_keys)
-    if head_keys and not head_fits:
-        if not any(key in arrays for key in head_keys):
+    if parts.has_pre_logits:  # timm has no pre_logits layer: a head fed by it is another head
+        notes.append("pre_logits: not in timm checkpoints; the model's is kept as built.")
+    if head_keys and (parts.has_pre_logits or not head_fits):
+        if parts.has_pre_logits and any(key in arrays for key in head_keys):
+            notes.append("head: the checkpoint's reads the features, the model's its pre_logits layer; the "
+                         "model's is kept.")
+        elif not any(key in arrays for key in head_keys):
             notes.append("head: the checkpoint has none; the model's is kept.")
         elif any(key in mapping for key in head_keys):
             notes.append("head: the checkpoint's has other classes; the model's is kept.")

@@ -202,6 +202,26 @@ def test_another_number_of_classes_gets_a_zero_head(tmp_path):
     assert np.all(model.predict(images(), verbose=0) == 0.0)
 
 
+def test_a_model_with_pre_logits_keeps_its_own_head(tmp_path):
+    """timm has no pre_logits layer: its head reads the features. Loaded
+    onto a model whose head reads a fresh pre_logits, logits changed
+    without a note (the .npz rule: the head loads only with pre_logits on
+    both sides or neither)."""
+    from tests.helpers import randomize_weights
+
+    tiny = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=8, input_shape=(32, 32, 3),
+                num_classes=4)
+    keras_vit.export_timm(randomize_weights(keras_vit.ViT(None, **tiny)), tmp_path / "export")
+    built = keras_vit.from_timm(str(tmp_path / "export"), representation_size=16)
+    existing = keras_vit.ViT(None, representation_size=16, head_bias_init=-1.0, **tiny)
+    notes = keras_vit.load_weights(existing, str(tmp_path / "export"))
+    assert "head: the checkpoint's reads the features, the model's its pre_logits layer; the model's is kept." in notes
+    assert "pre_logits: not in timm checkpoints; the model's is kept as built." in notes
+    for model, bias in ((built, 0.0), (existing, -1.0)):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.get_layer("head").kernel), 0.0)
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(model.get_layer("head").bias), bias)
+
+
 def test_load_weights_by_hub_name_into_an_existing_model(tmp_path):
     name = FAMILIES["deit3"]
     publish(tmp_path, name, timm_model(name))
