@@ -134,15 +134,26 @@ def _block_names(model):
         if match and isinstance(layer, vit_layers.TransformerEncoderBlock):
             found[int(match.group(1))] = layer.name
     if not found or sorted(found) != list(range(len(found))):
-        inner = [layer.name for layer in getattr(model, "layers", ()) if isinstance(layer, keras.Model)]
-        hint = f"; it holds the model(s) {inner} as layers: pass the keras_vit one, e.g. model.get_layer({inner[0]!r})" \
-            if inner else ""
+        inner = _inner_vit(model)
+        hint = f"; it holds one as a layer: pass model{inner}" if inner else ""
         raise ValueError(
             "The model has no consecutive `encoderblock_{i}` TransformerEncoderBlock "
             f"layers, so it is not a keras_vit ViT{hint}. "
             f"Received: model={_describe(model)!r}"
         )
     return tuple(found[i] for i in range(len(found)))
+
+
+def _inner_vit(model):
+    """`.get_layer(...)` calls that reach a ViT inside the user's model, or None."""
+    for layer in getattr(model, "layers", ()):
+        if isinstance(layer, keras.Model):
+            if any(BLOCK_NAME.match(sub.name) for sub in layer.layers):
+                return f".get_layer({layer.name!r})"
+            deeper = _inner_vit(layer)
+            if deeper:
+                return f".get_layer({layer.name!r}){deeper}"
+    return None
 
 
 def _resnet(model):

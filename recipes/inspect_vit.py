@@ -86,7 +86,7 @@ def build_model(config):
             classifier = config.model_overrides.get("classifier", fields["classifier"])
             kwargs.setdefault("pooling", classifier if classifier in ("token", "gap", "map") else None)
         return keras_vit.ViT(variant, **kwargs)
-    except (ValueError, OSError) as error:
+    except (ValueError, OSError, TypeError) as error:  # TypeError: an unknown --model_overrides key
         raise _expected(f"--model={config.model}, --weights={weights}")(error) from None
 
 

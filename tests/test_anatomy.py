@@ -1,6 +1,8 @@
 """`keras_vit.models.anatomy` (defined in `keras_vit/anatomy.py`): the one reader of a model's structure, on a
 table of model kinds (plain, gap, pre-logits, hybrid, root-only hybrid)."""
 
+import re
+
 import keras
 import pytest
 
@@ -56,11 +58,14 @@ def test_anatomy_refuses_other_models_naming_them():
     # A ViT wrapped in the user's model: named, with the way out (the hint came only from `get_layer`).
     vit = keras_vit.ViT(None, input_shape=(16, 16, 3), num_classes=2, patch_size=8, hidden_size=8, num_layers=1,
                         num_heads=2, mlp_dim=8, name="my_vit")
-    wrapped = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Rescaling(1.0), vit], name="wrapper")
-    with pytest.raises(ValueError, match=r"not a keras_vit ViT; it holds the model\(s\) \['my_vit'\] as layers: pass "
-                                         r"the keras_vit one, e.g. model.get_layer\('my_vit'\). Received: model='wrapper'"):
-        anatomy(wrapped)
-    assert anatomy(wrapped.get_layer("my_vit")).num_layers == 1
+    augment = keras.Sequential([keras.layers.Rescaling(1.0)], name="augment")
+    wrapped = keras.Sequential([keras.Input((16, 16, 3)), augment, vit], name="wrapper")
+    twice = keras.Sequential([keras.Input((16, 16, 3)), wrapped], name="twice")
+    for outer, path in ((wrapped, ".get_layer('my_vit')"), (twice, ".get_layer('wrapper').get_layer('my_vit')")):
+        with pytest.raises(ValueError, match=rf"not a keras_vit ViT; it holds one as a layer: pass "
+                                             rf"model{re.escape(path)}. Received: model='{outer.name}'"):
+            anatomy(outer)
+    assert anatomy(twice.get_layer("wrapper").get_layer("my_vit")).num_layers == 1
 
 
 def test_anatomy_reads_the_tensor_the_vit_was_built_on():

@@ -423,7 +423,9 @@ def from_directory(
         A `DataSource` with `class_names`.
     """
     directory = os.fspath(directory)
-    if not tf.io.gfile.isdir(directory):
+    if isinstance(directory, str) and directory.startswith("file://"):  # the local disk: its links as any path's
+        directory = directory[len("file://"):]
+    if not isinstance(directory, str) or not tf.io.gfile.isdir(directory):
         _checks.fail("directory", directory, "an existing folder")
     _checks.boolean(check_images, "check_images")
     _checks.boolean(skip_bad_images, "skip_bad_images")
@@ -433,8 +435,13 @@ def from_directory(
             "found by the check). Received: check_images=False"
         )
     # A str is a sequence of its characters: ".png" matched every name ending in "g".
-    if isinstance(extensions, str) or not all(isinstance(e, str) and e for e in extensions):
-        _checks.fail("extensions", extensions, "a sequence of file name endings such as ('.jpg', '.png')")
+    given = extensions
+    try:
+        extensions = () if isinstance(given, (str, bytes)) else tuple(given)
+    except TypeError:
+        extensions = ()
+    if not extensions or not all(isinstance(e, str) and e for e in extensions):
+        _checks.fail("extensions", given, "a sequence of file name endings such as ('.jpg', '.png')")
     extensions = tuple(e.lower() for e in extensions)
     found = sorted(
         entry.rstrip("/")

@@ -726,6 +726,11 @@ def test_argument_errors_name_the_argument_and_value(folder):
         # A str is a sequence of characters: ".png" matched every name ending in "g".
         (lambda: keras_vit.data.from_directory(folder[0], extensions=".png"), "extensions", "'.png'",
          "a sequence of file name endings such as \\('.jpg', '.png'\\)"),
+        (lambda: keras_vit.data.from_directory(folder[0], extensions=()), "extensions", "\\(\\)",
+         "a sequence of file name endings such as \\('.jpg', '.png'\\)"),
+        (lambda: keras_vit.data.from_directory(folder[0], extensions=None), "extensions", "None",
+         "a sequence of file name endings such as \\('.jpg', '.png'\\)"),
+        (lambda: keras_vit.data.from_directory(b"folder"), "directory", "b'folder'", "an existing folder"),
         # One training pass drops its partial batch: no batch at all, and fit's bare StopIteration.
         (lambda: keras_vit.data.finetune_pipeline(**finetune | {"batch_size": 11}, repeat=False), "batch_size",
          "11", "at most the 10 examples of source .* for one training pass without repeat"),
@@ -1014,10 +1019,11 @@ def test_from_directory_follows_no_linked_sub_folder(tmp_path):
     os.symlink("..", tmp_path / "data" / "cat" / "up")
     os.symlink(".", tmp_path / "data" / "dog" / "self")
     os.symlink(tmp_path / "elsewhere" / "bird", tmp_path / "data" / "bird")
-    source = keras_vit.data.from_directory(tmp_path / "data")
-    assert source.class_names == ("bird", "cat", "dog")
-    found = [(int(tf.io.decode_png(ex["image"])[0, 0, 0]), int(ex["label"])) for ex in source.dataset]
-    assert found == [(2, 0), (0, 1), (1, 2)]
+    for directory in (tmp_path / "data", f"file://{tmp_path / 'data'}"):  # file:// is the local disk too
+        source = keras_vit.data.from_directory(directory)
+        assert source.class_names == ("bird", "cat", "dog")
+        found = [(int(tf.io.decode_png(ex["image"])[0, 0, 0]), int(ex["label"])) for ex in source.dataset]
+        assert found == [(2, 0), (0, 1), (1, 2)]
 
 
 @pytest.mark.one_backend

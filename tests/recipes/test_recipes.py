@@ -1307,6 +1307,8 @@ def test_inspect_vit_failures_are_one_line(tmp_path, capsys):
     other = keras_vit.ViT(None, input_shape=(16, 24, 3), num_classes=3, **dict(TINY, hidden_size=8, num_heads=2))
     npz = keras_vit.export_npz(other, str(tmp_path / "other.npz"))
     assert f"--weights={npz}" in _error(inspect_vit.main, ["--smoke", f"--images={images}", run, f"--weights={npz}"], capsys)
+    assert "num_registers" in _error(  # a traceback before
+        inspect_vit.main, ["--smoke", f"--images={images}", run, '--model_overrides={"num_registers": 2}'], capsys)
     assert "missing.npz" in _error(
         inspect_vit.main, ["--smoke", f"--images={images}", run, f"--weights={tmp_path / 'missing.npz'}"], capsys)
     # A truncated JPEG is named.
