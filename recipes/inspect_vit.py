@@ -62,7 +62,7 @@ def build_model(config):
             raise _expected(f"--model={config.model}")(error) from None
     size = config.image_size or (224,)
     if len(size) not in (1, 2):
-        raise cli.RecipeError(f"--image_size takes one or two ints. Received: --image_size={size}")
+        raise cli.RecipeError(f"--image_size takes one or two ints. Received: --image_size={cli.show(size)}")
     reserved = sorted(set(config.model_overrides) & {"input_shape", "input_tensor", "include_top", "weights",
                                                       "num_classes"})
     if reserved:
