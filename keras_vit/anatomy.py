@@ -134,14 +134,19 @@ def _block_names(model):
         if match and isinstance(layer, vit_layers.TransformerEncoderBlock):
             found[int(match.group(1))] = layer.name
     if not found or sorted(found) != list(range(len(found))):
-        inner = _inner_vit(model)
-        hint = f"; it holds one as a layer: pass model{inner}" if inner else ""
         raise ValueError(
             "The model has no consecutive `encoderblock_{i}` TransformerEncoderBlock "
-            f"layers, so it is not a keras_vit ViT{hint}. "
+            f"layers, so it is not a keras_vit ViT{wrapped_vit_hint(model)}. "
             f"Received: model={_describe(model)!r}"
         )
     return tuple(found[i] for i in range(len(found)))
+
+
+def wrapped_vit_hint(model):
+    """Where a ViT wrapped in the user's model is, for an error saying the
+    model is not one; "" when it holds none."""
+    inner = _inner_vit(model)
+    return f"; it holds one as a layer: pass model{inner}" if inner else ""
 
 
 def _inner_vit(model):

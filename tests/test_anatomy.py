@@ -66,6 +66,10 @@ def test_anatomy_refuses_other_models_naming_them():
                                              rf"model{re.escape(path)}. Received: model='{outer.name}'"):
             anatomy(outer)
     assert anatomy(twice.get_layer("wrapper").get_layer("my_vit")).num_layers == 1
+    # Loading weights into it says the same (its own check came first).
+    with pytest.raises(ValueError, match=r"not a keras_vit ViT; it holds one as a layer: pass "
+                                         r"model.get_layer\('wrapper'\).get_layer\('my_vit'\)"):
+        keras_vit.export_npz(twice, "unused.npz")
 
 
 def test_anatomy_reads_the_tensor_the_vit_was_built_on():

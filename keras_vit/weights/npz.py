@@ -26,7 +26,7 @@ import keras
 import numpy as np
 
 from keras_vit import interrupts
-from keras_vit.anatomy import BLOCK_NAME, RESNET_LAYER_NAME, anatomy
+from keras_vit.anatomy import BLOCK_NAME, RESNET_LAYER_NAME, anatomy, wrapped_vit_hint
 from keras_vit.layers.patch_embedding import resize_patch_embedding
 from keras_vit.layers.position_embedding import (
     infer_square_grid,
@@ -152,7 +152,7 @@ def checkpoint_variables(model):
     if "embedding/kernel" not in mapping or POSEMB_KEY not in mapping:
         raise ValueError(
             "The model has no `embedding` and `posembed_input` layers, so it "
-            f"is not a keras_vit ViT. Received: model={model.name!r}"
+            f"is not a keras_vit ViT{wrapped_vit_hint(model)}. Received: model={model.name!r}"
         )
     return mapping
 
