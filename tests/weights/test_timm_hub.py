@@ -20,7 +20,7 @@ import pytest
 
 import keras_vit
 from keras_vit.layers.position_embedding import resample_position_embedding
-from tests.helpers import ROOT, assert_close_rel
+from tests.helpers import ROOT, assert_close_rel, randomize_weights
 
 pytestmark = pytest.mark.timm
 torch = pytest.importorskip("torch")
@@ -207,8 +207,6 @@ def test_a_model_with_pre_logits_keeps_its_own_head(tmp_path):
     onto a model whose head reads a fresh pre_logits, logits changed
     without a note (the .npz rule: the head loads only with pre_logits on
     both sides or neither)."""
-    from tests.helpers import randomize_weights
-
     tiny = dict(hidden_size=16, mlp_dim=32, num_heads=2, num_layers=1, patch_size=8, input_shape=(32, 32, 3),
                 num_classes=4)
     keras_vit.export_timm(randomize_weights(keras_vit.ViT(None, **tiny)), tmp_path / "export")
