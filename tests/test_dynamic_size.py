@@ -148,6 +148,11 @@ def test_a_tf_function_of_unknown_size_resamples_in_the_graph_and_refuses_other_
     # the side and the patch.
     with pytest.raises(tf.errors.InvalidArgumentError, match="tensor with 18 values, but the requested shape requires a multiple of 4"):
         serve(images((18, 16)))
+    # 0 is a multiple of every patch: the graph returned zeros (and NaN for
+    # gap) for a batch of as many rows as the image had columns.
+    for size in [(0, 16), (16, 0)]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match="tensor with 0 values, but the requested shape has 4"):
+            serve(images(size))
 
 
 def test_a_side_that_is_not_a_multiple_is_refused_naming_the_size():
@@ -258,6 +263,8 @@ def test_exports_keep_height_and_width_open(tmp_path):
         assert_close_rel(served.serve(images(size)).numpy(), expected[size], 1e-5, f"SavedModel at {size}")
     with pytest.raises(tf.errors.InvalidArgumentError, match="requires a multiple of 4"):
         served.serve(images((18, 16)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="tensor with 0 values"):
+        served.serve(images((16, 0)))
     model.export(str(tmp_path / "model.tflite"), format="litert", verbose=False)
     interpreter = tf.lite.Interpreter(model_path=str(tmp_path / "model.tflite"))
     entry = interpreter.get_input_details()[0]

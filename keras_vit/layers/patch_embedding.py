@@ -167,10 +167,12 @@ class ImageSizeCheck(keras.layers.Layer):
     `predict` at relaxed shapes when the size changes), where `keras.ops`
     has no assertion, a reshape of a `(side,)` vector of zeros fails at run
     time unless the side fits: "Input to reshape is a tensor with <side>
-    values, but the requested shape requires a multiple of <stride>" (its
-    sum is added to the images), or "... has <size>" (it is added to the
-    images along that side: a sum would let TensorFlow's graph optimizer
-    drop the reshape). Unknown channels likewise: "... has <channels>".
+    values, but the requested shape requires a multiple of <stride>", or,
+    for a side of 0, "... with 0 values, but the requested shape has
+    <stride>" (their sum is added to the images), or "... has <size>" (it
+    is added to the images along that side: a sum would let TensorFlow's
+    graph optimizer drop the reshape). Unknown channels likewise: "... has
+    <channels>".
 
     Args:
         stride: `(height, width)` in pixels of one patch (for a hybrid: the
@@ -246,7 +248,10 @@ class ImageSizeCheck(keras.layers.Layer):
             if isinstance(side, int):  # checked above
                 continue
             if size is None:
-                checks.append(ops.sum(ops.reshape(ops.zeros((side,), images.dtype), (-1, stride))))
+                # 0 is a multiple too: the second reshape needs one patch.
+                rows = ops.reshape(ops.zeros((side,), images.dtype), (-1, stride))
+                first = ops.reshape(ops.zeros((ops.minimum(side, stride),), images.dtype), (1, stride))
+                checks.append(ops.sum(ops.concatenate([rows, first])))
             else:
                 along = (1, size, 1, 1) if what == "height" else (1, 1, size, 1)
                 checks.append(ops.reshape(ops.zeros((side,), images.dtype), along))
