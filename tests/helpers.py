@@ -135,9 +135,10 @@ def fast_jax_compiles():
     jax.config.update("jax_disable_most_optimizations", before)
 
 
-def torch_graphs(function, *inputs, calls=1):
+def torch_graphs(function, *inputs, calls=1, then=()):
     """The number of graphs `torch.compile` makes of `function` over
-    `calls` calls: 1 when it traces whole and once. Counted by a backend of
+    `calls` calls on `inputs`, then one call on each argument tuple of
+    `then`: 1 when it traces whole and once. Counted by a backend of
     our own, not `torch._dynamo.explain`, which resets torch.compile's
     caches: later tests would compile again what earlier ones left (a
     dynamic-size model at the lowest versions: 35 s instead of 1.5 s)."""
@@ -145,8 +146,8 @@ def torch_graphs(function, *inputs, calls=1):
 
     compiled = []
     step = torch.compile(function, backend=lambda graph, example_inputs: compiled.append(graph) or graph.forward)
-    for _ in range(calls):
-        step(*inputs)
+    for arguments in [inputs] * calls + list(then):
+        step(*arguments)
     return len(compiled)
 
 

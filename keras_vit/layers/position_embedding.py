@@ -125,7 +125,9 @@ class AddPositionEmbedding(keras.layers.Layer):
         row_matrix, col_matrix = (
             ops.cast(interpolation_matrix(size, target, self.interpolation, xp), posemb.dtype)
             for size, target in zip(self.grid, (rows, cols)))
-        grid = ops.einsum("ri,ijd,cj->rcd", row_matrix, grid, col_matrix)
+        # Two products, not one three-operand einsum: PyTorch plans that
+        # with opt_einsum on the sizes, fixing them in torch.compile's graph.
+        grid = ops.einsum("cj,rjd->rcd", col_matrix, ops.einsum("ri,ijd->rjd", row_matrix, grid))
         return ops.concatenate([prefix, ops.reshape(grid, (1, -1, ops.shape(posemb)[-1]))], axis=1)
 
     def compute_output_shape(self, tokens_shape, images_shape=None):
@@ -200,10 +202,17 @@ def interpolation_matrix(in_size, out_size, interpolation, xp=np):
       resampling, timm's `resample_abs_pos_embed`): a = -0.5, the kernel
       widened by the scale when shrinking, each row normalised.
     """
-    out = _float(xp.arange(out_size), xp)
+    # Under `torch.compile` with dynamic shapes `out_size` is a symbolic
+    # int, and Keras' ops on it (a dtype asked for, a scalar maximum) break
+    # the graph, which then recompiled at every size. So `arange` gets its
+    # dtype and the size is counted from it, as a tensor (a graph of
+    # unknown size computes it also for a side of 0, which `ImageSizeCheck`
+    # refuses).
+    out = _float(xp.arange(out_size, dtype="int32"), xp)
+    size = xp.sum(xp.ones_like(out))
     if interpolation == "linear":
-        return linear_matrix(out * ((in_size - 1) / xp.maximum(_float(out_size, xp) - 1, 1.0)), in_size, xp)
-    scale = in_size / _float(out_size, xp)
+        return linear_matrix(out * ((in_size - 1) / xp.maximum(size - 1, 1.0)), in_size, xp)
+    scale = in_size / size
     if interpolation == "bicubic":
         coords = (out + 0.5) * scale - 0.5
         # Taps reach two positions past either border; each one is folded
