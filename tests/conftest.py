@@ -1,4 +1,5 @@
 import gc
+import signal
 
 import keras
 import pytest
@@ -30,6 +31,19 @@ def _full_float32_matmuls():
 
 
 _full_float32_matmuls()
+
+
+def _interruptible():
+    """A suite started in the background by a script (`cmd &` in a shell
+    without job control) inherits SIGINT ignored, and Python keeps it so:
+    the tests of a Ctrl-C (a notebook's interrupt) got no KeyboardInterrupt,
+    and their worker processes none either. Python's own handler, as in a
+    terminal."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+_interruptible()
 
 
 def pytest_addoption(parser):
