@@ -610,6 +610,26 @@ def test_fit_with_accumulation_matches_the_big_batch_reference():
             assert_close_rel(got - before, want - before, tol=1e-4, what=variable.path)
 
 
+def test_a_partial_group_of_micro_batches_joins_the_next_fits_first_update():
+    """As docs/training.md says: with k=2, `fit` on micro-batches 1-3 then
+    on 4-5 makes the updates (1, 2) and (3, 4); 5 waits in the optimizer."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(5, 4)).astype("float32"), rng.normal(size=(5, 1)).astype("float32")
+
+    def fitted(*parts):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(optimizer=training.MomentumSGD(0.1, gradient_accumulation_steps=2), loss="mse")
+        for part in parts:
+            model.fit(x[part], y[part], batch_size=1, shuffle=False, verbose=0)
+        assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 2
+        return model.get_weights()[0]
+
+    carried = fitted(slice(0, 3), slice(3, 5))
+    np.testing.assert_allclose(carried, fitted(slice(0, 2), slice(2, 4)), rtol=1e-6)
+    assert np.abs(carried - fitted(slice(0, 2), slice(3, 5))).max() > 1e-3  # not dropped
+
+
 def test_loss_scale_factor_leaves_accumulation_and_clipping_unchanged():
     """`loss_scale_factor` (a scaled loss, as mixed float16 uses): the
     accumulated and clipped update equals the unscaled one. The scaled
