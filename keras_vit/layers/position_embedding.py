@@ -157,10 +157,7 @@ def infer_square_grid(num_tokens, what="position embedding"):
 
 
 def _float(x, xp):
-    """`x` as floats: float64 for numpy, float32 in a graph; Python numbers
-    (static sizes) stay Python numbers."""
-    if isinstance(x, (int, float)):
-        return float(x)
+    """`x` as floats: float64 for numpy, float32 in a graph."""
     return np.asarray(x, np.float64) if xp is np else ops.cast(x, "float32")
 
 
