@@ -151,7 +151,7 @@ def test_torch_compile_traces_one_graph_for_every_further_size():
     # serves every size after. Keras' ops on the symbolic sizes broke it,
     # and a Ti/16's `predict` compiled again at sizes it had seen (16 s each).
     skip_where_keras_ops_break_torch_graphs()
-    sizes = [(12, 20), (16, 24), (20, 8), (12, 20), (28, 12)]
+    sizes = [(12, 20), (16, 24), (20, 8), (16, 16), (12, 20), (28, 12)]  # (16, 16): the stored grid
     inputs = [(keras.ops.zeros((2, 1 + (h // 4) * (w // 4), 8)), keras.ops.zeros((2, h, w, 3))) for h, w in sizes]
     layers = {}
     for interpolation in ("linear", "bicubic", "bicubic_antialias"):
@@ -165,6 +165,10 @@ def test_torch_compile_traces_one_graph_for_every_further_size():
                  "bicubic_antialias": lambda t, i: layers["bicubic_antialias"](t, i)}
     for interpolation, function in functions.items():
         assert torch_graphs(function, *inputs[0], then=inputs[1:]) == 2, interpolation
+        # At the stored grid the resampling is the identity, exactly.
+        stored = layers[interpolation](*inputs[3]) - inputs[3][0]
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(stored)[0],
+                                      keras.ops.convert_to_numpy(layers[interpolation].pos_embedding)[0])
 
 
 @pytest.mark.skipif(BACKEND != "tensorflow", reason="a TensorFlow graph of unknown height and width")

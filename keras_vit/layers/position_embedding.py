@@ -111,7 +111,11 @@ class AddPositionEmbedding(keras.layers.Layer):
         return patch_grid(images, self.stride)
 
     def _resampled(self, posemb, rows, cols):
-        static = isinstance(rows, int) and isinstance(cols, int)
+        # On PyTorch every size is resampled, the stored one too (exactly,
+        # the matrices are then the identity): torch.compile's symbolic
+        # sizes pass for ints, and comparing them with the grid gave the
+        # stored size a graph of its own.
+        static = isinstance(rows, int) and isinstance(cols, int) and keras.backend.backend() != "torch"
         if static and (rows, cols) == self.grid:
             return posemb
         prefix = posemb[:, : self.num_prefix_tokens]
@@ -121,7 +125,7 @@ class AddPositionEmbedding(keras.layers.Layer):
         # size on PyTorch: float32 tensor ops (equal within float32 rounding),
         # which torch.compile traces into the model's graph; numpy there
         # would split it at each conversion.
-        xp = np if static and keras.backend.backend() != "torch" else ops
+        xp = np if static else ops
         row_matrix, col_matrix = (
             ops.cast(interpolation_matrix(size, target, self.interpolation, xp), posemb.dtype)
             for size, target in zip(self.grid, (rows, cols)))
