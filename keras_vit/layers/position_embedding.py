@@ -238,6 +238,10 @@ def resample_grid(grid, new_shape, interpolation="linear"):
     Computed in float64 and returned in the input's dtype.
     """
     check_interpolation(interpolation)
+    grid = np.asarray(grid)
+    if grid.ndim != 3 or 0 in grid.shape:
+        raise ValueError(f"`grid` must be a non-empty (rows, cols, width) array. Received: grid of shape {grid.shape}")
+    new_shape = normalize_pair(new_shape, "new_shape")
     rows = interpolation_matrix(grid.shape[0], new_shape[0], interpolation)
     cols = interpolation_matrix(grid.shape[1], new_shape[1], interpolation)
     out = np.einsum("ri,ijd,cj->rcd", rows, grid.astype(np.float64), cols)

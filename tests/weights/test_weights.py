@@ -148,6 +148,12 @@ def test_resampling_errors_name_the_value():
         resample_position_embedding(posemb, (4, 4), source_grid=(5, 5))
     with pytest.raises(ValueError, match="interpolation='nearest'"):
         resample_grid(np.zeros((2, 2, 1)), (3, 3), "nearest")
+    # A side of 0 returned an empty grid, and 2.5 a grid of 3 rows.
+    for new_shape in [(0, 3), (2.5, 3)]:
+        with pytest.raises(ValueError, match=rf"new_shape={re.escape(repr(new_shape))}"):
+            resample_grid(np.zeros((2, 2, 1)), new_shape)
+    with pytest.raises(ValueError, match=r"Received: grid of shape \(4, 1\)"):
+        resample_grid(np.zeros((4, 1)), (3, 3))
     # -1 took the last grid row as a prefix: a (1, 32, D) result.
     with pytest.raises(ValueError, match="num_prefix_tokens=-1"):
         resample_position_embedding(np.zeros((1, 17, 3)), (4, 4), num_prefix_tokens=-1)
