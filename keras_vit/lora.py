@@ -24,6 +24,7 @@ from keras_vit.layers.encoder_block import TransformerEncoderBlock
 from keras_vit.layers.utils import check_head_trains
 from keras_vit.layers.utils import head_layer
 from keras_vit.layers.utils import is_real
+from keras_vit.layers.utils import positive_int
 from keras_vit.layers.utils import track_torch_parameters
 from keras_vit.weights.npz import write_npz
 
@@ -87,11 +88,13 @@ def enable_lora(model, rank, targets=DEFAULT_TARGETS, alpha=None):
     Returns:
         `model`, whose trainable weights are the adapters and the head.
     """
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
-        raise ValueError(f"`rank` must be a positive int. Received: rank={rank!r}")
+    rank = positive_int(rank, "rank")
     if alpha is not None and not (is_real(alpha) and alpha > 0):
         # 0 would train nothing (B's gradient is scaled by it), NaN everything to NaN.
         raise ValueError(f"`alpha` must be None or a positive finite number. Received: alpha={alpha!r}")
+    # A Python float: a numpy one (a value from a grid) reached `save_lora`'s
+    # JSON, which refuses it.
+    alpha = None if alpha is None else float(alpha)
     targets = (targets,) if isinstance(targets, str) else tuple(targets)
     unknown = [t for t in targets if t not in TARGETS]
     if unknown or not targets:

@@ -278,6 +278,11 @@ def test_lora_targets_and_errors(tmp_path, monkeypatch):
             keras_vit.enable_lora(_model(False), rank=rank, targets=targets)
     adapted = keras_vit.enable_lora(_model(False), rank=head_dim)
     assert adapted.get_layer("encoderblock_0").attention.query_dense.lora_rank == head_dim
+    # Numpy numbers (values from a grid): a numpy rank was refused, and a
+    # numpy alpha was taken but then refused by `save_lora`'s JSON.
+    from_grid = keras_vit.enable_lora(_model(False), rank=np.int64(2), alpha=np.float32(4.0))
+    saved = keras_vit.save_lora(from_grid, str(tmp_path.parent / f"{tmp_path.name}_from_grid.npz"))
+    keras_vit.load_lora(keras_vit.enable_lora(_model(False), rank=2, alpha=4), saved)
     # 0 trained nothing (B's gradient is scaled by it), NaN gave NaN losses,
     # a string failed in fit naming neither.
     for alpha in (0, -8, float("nan"), "8", True):
