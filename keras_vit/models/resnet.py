@@ -20,6 +20,8 @@ derived from the checkpoint keys (`block1/unit1/conv1` -> layer
 import keras
 
 from keras_vit.layers.std_conv import StdConv2D
+from keras_vit.layers.utils import is_int
+from keras_vit.layers.utils import is_real
 from keras_vit.variants import ROOT_WIDTH
 
 # Flax GroupNorm defaults, used by the original; Keras' default epsilon is 1e-3.
@@ -35,28 +37,23 @@ def check_resnet(num_layers, width_factor):
         stages = tuple(num_layers)
     except TypeError:
         stages = None
-    if stages is None or not all(
-        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in stages
-    ):
+    if stages is None or not all(is_int(n) and n > 0 for n in stages):
         raise ValueError(
             "`resnet` must be None (a plain ViT) or a tuple of positive ints, the "
             "number of residual units per stage (`()` for the root alone). "
             f"Received: resnet={num_layers!r}"
         )
-    width = ROOT_WIDTH * width_factor if isinstance(width_factor, (int, float)) else 0
-    if (
-        isinstance(width_factor, bool)
-        or width <= 0
-        or width != int(width)
-        or int(width) % GROUP_NORM_GROUPS
-    ):
+    # Numpy numbers too (values from an array); NaN and infinity refused
+    # before `int` (which raised on them, naming neither).
+    width = ROOT_WIDTH * width_factor if is_real(width_factor) else 0
+    if width <= 0 or width != int(width) or int(width) % GROUP_NORM_GROUPS:
         raise ValueError(
             f"`resnet_width_factor` must make the root width {ROOT_WIDTH} x "
             f"resnet_width_factor a positive multiple of {GROUP_NORM_GROUPS} (the "
             f"GroupNorm groups), e.g. 0.5, 1 or 2. "
             f"Received: resnet_width_factor={width_factor!r}"
         )
-    return stages, int(width)
+    return tuple(int(n) for n in stages), int(width)
 
 
 def stem_stride(num_layers):

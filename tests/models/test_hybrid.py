@@ -514,6 +514,13 @@ def test_bad_resnet_arguments():
         keras_vit.ViT(None, resnet=(1,), resnet_width_factor=0.3)
     with pytest.raises(ValueError, match="Received: resnet_width_factor=2"):
         keras_vit.ViT("testing", resnet_width_factor=2)
+    # NaN and infinity raised from `int`, naming neither.
+    for factor in (float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"Received: resnet_width_factor={factor}"):
+            resnet_lib.check_resnet((1,), factor)
+    # Numpy numbers (from an array) as Python ints: they were refused.
+    stages, width = resnet_lib.check_resnet(tuple(np.array([3, 4])), np.float32(0.5))
+    assert (stages, width) == ((3, 4), 32) and all(type(n) is int for n in stages)
 
 
 def test_plain_checkpoint_into_hybrid_fails_and_changes_nothing(tmp_path):
