@@ -26,6 +26,13 @@ def _datasets(path):
     return found
 
 
+def _model_datasets(path):
+    """`_datasets` less the optimizer's state (`optimizer/...`), which a
+    model saved after `fit` carries: the weights are compared, and Keras'
+    `load_weights` restores an optimizer's state where the model has one."""
+    return {name: item for name, item in _datasets(path).items() if not name.startswith("optimizer/")}
+
+
 def _is_bfloat16(dataset):
     # Keras stores bfloat16 variables with a `dtype` attribute (saving_lib).
     return dataset.attrs.get("dtype") == "bfloat16"
@@ -57,7 +64,7 @@ def _expected_layout(model):
         own = os.path.join(directory, "model.weights.h5")
         model.save_weights(own)
         with h5py.File(own, "r") as f:
-            return {name: (item.shape, _dtype(item)) for name, item in _datasets(f).items()}
+            return {name: (item.shape, _dtype(item)) for name, item in _model_datasets(f).items()}
 
 
 def load_keras_weights(model, path, allow_nonfinite=False):
@@ -68,7 +75,7 @@ def load_keras_weights(model, path, allow_nonfinite=False):
     problems = []
     try:
         with h5py.File(path, "r") as f:
-            stored = _datasets(f)
+            stored = _model_datasets(f)
             for name in sorted(set(stored) - set(expected)):
                 problems.append(f"not in the model: {name} {stored[name].shape}")
             for name in sorted(set(expected) - set(stored)):
