@@ -250,6 +250,12 @@ def get_distribution(
                                 or not devices):
         # A string was read as one device per character, an empty list as no replicas.
         raise ValueError(f"`devices` must be None (all) or a non-empty list of devices. Received: devices={devices!r}")
+    if devices is not None and len({str(device).lower() for device in devices}) < len(devices):
+        # Counted twice as replicas: JAX then failed building the model with a bare AssertionError.
+        raise ValueError(f"`devices` names a device twice. Received: devices={devices!r}")
+    if tpu is not None and (backend != "tensorflow" or mode not in ("tpu", "auto")):
+        raise ValueError(f"`tpu` is for TensorFlow's mode='tpu' (or 'auto'); it is not used with mode={mode!r} on "
+                         f"the {backend} backend. Received: tpu={tpu!r}")
     if model_parallel_size is not None and mode != "model_parallel":
         raise ValueError(
             "`model_parallel_size` only applies to mode='model_parallel'. "

@@ -226,6 +226,14 @@ def test_per_replica_batch_size():
     for devices in ("cpu:0", []):
         with pytest.raises(ValueError, match=r"`devices` must be None \(all\) or a non-empty list"):
             distribute.get_distribution("auto", devices=devices)
+    # A device twice counted two replicas; JAX then failed building the
+    # model with a bare AssertionError.
+    with pytest.raises(ValueError, match=re.escape("names a device twice. Received: devices=['cpu:0', 'CPU:0']")):
+        distribute.get_distribution("auto", devices=["cpu:0", "CPU:0"])
+    # `tpu` was ignored where no TPU is looked for.
+    for mode in ("none", "auto") if BACKEND != "tensorflow" else ("none", "mirrored"):
+        with pytest.raises(ValueError, match=rf"not used with mode='{mode}' .* Received: tpu='local'"):
+            distribute.get_distribution(mode, tpu="local")
 
 
 # --------------------------------------------------------------------------
