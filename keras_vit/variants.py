@@ -120,6 +120,10 @@ def short_name(name):
     return name.replace("/", "_").replace("+", "_")
 
 
+def _spelling(name):
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
 def resolve_variant(name):
     """Returns `(config_name, fields)` for an original, constructor or AugReg name.
 
@@ -137,9 +141,13 @@ def resolve_variant(name):
     if short in AUGREG_NAMES:
         config_name = AUGREG_NAMES[short]
         return config_name, {**VARIANTS[config_name], "dropout_rate": 0.0}
-    known = [*VARIANTS, *CONSTRUCTORS, *AUGREG_NAMES]
-    by_case = {known_name.lower(): known_name for known_name in known}
-    close = [by_case[name.lower()]] if name.lower() in by_case else difflib.get_close_matches(name, known, 3)
+    # Suggestions compare names spelling aside (case and "-", "_", "/",
+    # "+"): "b/16" is "B_16", a model's own name "vit_b_16" is "ViT-B_16".
+    spelled = {}
+    for known_name in (*VARIANTS, *CONSTRUCTORS, *AUGREG_NAMES):
+        spelled.setdefault(_spelling(known_name), known_name)
+    key = _spelling(name)
+    close = [spelled[key]] if key in spelled else [spelled[k] for k in difflib.get_close_matches(key, spelled, 3)]
     raise ValueError(
         "Unknown ViT variant." + (f" Did you mean {' or '.join(map(repr, close))}?" if close else "")
         + f" Known names: {sorted(VARIANTS)}, the constructors' {sorted(CONSTRUCTORS)} and the AugReg "

@@ -2,6 +2,8 @@
 gradients and argument validation."""
 
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -428,6 +430,12 @@ def test_unknown_variant_and_keyword():
         keras_vit.get_model("ViT-X_16")
     with pytest.raises(ValueError, match=r"Did you mean 'ViT-B_16'\?.*variant='vit-b_16'"):
         keras_vit.get_model("vit-b_16")
+    # Other spellings: lower-case big_vision names got no suggestion, and a
+    # model's own Keras name (`model.name`) was offered 'Ti_16'.
+    for spelling, meant in (("b/16", "B_16"), ("r+ti/16", "R_Ti_16"), ("vit_b_16", "ViT-B_16"),
+                            ("vitb16", "ViT-B_16")):
+        with pytest.raises(ValueError, match=rf"Did you mean '{meant}'\?.*variant='{re.escape(spelling)}'"):
+            keras_vit.get_model(spelling)
     with pytest.raises(TypeError, match="hidden=3"):
         keras_vit.get_model("testing", hidden=3)
 
