@@ -53,6 +53,20 @@ def test_variants_table_is_current():
         assert doc_row == row
 
 
+@pytest.mark.one_backend
+def test_hybrid_table_names_every_hybrid_as_the_library_does():
+    """The hand-written hybrid table's names (it said "–" for two AugReg
+    names that `get_model` accepts)."""
+    from keras_vit import variants
+
+    text = (ROOT / "docs" / "models.md").read_text()
+    rows = re.findall(r"^\| `(R[^`]*)` \| `([^`]*)` \| `([^`]*)` \|", text, re.MULTILINE)
+    assert sorted(row[0] for row in rows) == sorted(name for name in variants.CONSTRUCTORS.values()
+                                                    if variants.VARIANTS[name].get("resnet") is not None)
+    for config_name, augreg, constructor in rows:
+        assert (augreg, constructor) == (variants.augreg_name(config_name), variants.constructor_name(config_name))
+
+
 def _floors_in_pyproject():
     text = (ROOT / "pyproject.toml").read_text()
     return dict(re.findall(r'"([A-Za-z0-9_.-]+)>=([0-9.]+)', text))
