@@ -8,6 +8,7 @@ demo (vit_jax.ipynb reads `ilsvrc2012_wordnet_lemmas.txt`). ImageNet-21k
 original ImageNet-21k checkpoints share.
 """
 
+import collections.abc
 import functools
 import importlib.resources
 import os
@@ -106,8 +107,19 @@ def _class_names(class_names, num_classes):
             raise ValueError("`class_names` must be a list of names or the path of a names file (one per line); "
                              f"no such file. Received: class_names={class_names!r}")
         names = _read_lines(class_names)
+    elif isinstance(class_names, collections.abc.Mapping):
+        # Index -> name (Hugging Face's `id2label`): the keys were taken as the names.
+        if not all(is_int(i) for i in class_names) or sorted(class_names) != list(range(num_classes)):
+            raise ValueError(f"`class_names` as a mapping must map each class index 0..{num_classes - 1} to its "
+                             f"name. Received: class_names with the keys {list(class_names)[:8]!r}")
+        names = [class_names[i] for i in range(num_classes)]
     else:
-        names = [str(name) for name in class_names]
+        names = list(class_names)
+    strange = [name for name in names if not isinstance(name, str)]
+    if strange:
+        # `None` or a number became the name 'None' or '3'.
+        raise ValueError(f"`class_names` must hold strings. Received: class_names holding {strange[0]!r}")
+    names = [str(name) for name in names]  # numpy's str_ as str
     if len(names) != num_classes:
         raise ValueError(
             f"`class_names` has {len(names)} names for predictions of "
@@ -126,7 +138,8 @@ def decode_predictions(predictions, top=5, class_names=None):
         top: int. How many classes per example (at most all of them).
         class_names: None for the ImageNet-2012 (1,000 classes, shipped) or
             ImageNet-21k (21,843 classes, downloaded once) heads; otherwise a
-            list of names or the path of a text file with one class per line
+            list of names, a mapping of class index to name (Hugging Face's
+            `id2label`) or the path of a text file with one class per line
             (the whole line, commas included; for a local copy of BiT's
             ImageNet-21k lemma file, pass `imagenet21k_class_names(path)`).
 

@@ -5,6 +5,7 @@ import importlib.resources
 import logging
 import os
 import pathlib
+import re
 
 import keras
 import numpy as np
@@ -88,6 +89,11 @@ def test_decode_predictions_with_own_names(tmp_path):
     ]
     # The default top=5 returns every class of a smaller head.
     assert [c for c, _, _ in keras_vit.decode_predictions(preds, class_names=path)[0]] == [1, 2, 0]
+    # Index -> name (Hugging Face's `id2label`): the keys were the names.
+    id2label = {2: "fish", np.int64(0): "cat", 1: "dog"}
+    assert keras_vit.decode_predictions(preds, top=1, class_names=id2label) == [[(1, "dog", 0.7)]]
+    assert keras_vit.decode_predictions(preds, top=1, class_names=np.array(["cat", "dog", "fish"])) == [
+        [(1, "dog", 0.7)]]
 
 
 def test_decode_predictions_errors_name_the_value():
@@ -102,6 +108,12 @@ def test_decode_predictions_errors_name_the_value():
         keras_vit.decode_predictions(np.zeros(1000))
     with pytest.raises(ValueError, match=r"Received: top=0"):
         keras_vit.decode_predictions(np.zeros((1, 1000)), top=0)
+    # A mapping of other keys, names that are no strings ('None', '0').
+    for names, received in (({"0": "a", "1": "b", "2": "c"}, "with the keys ['0', '1', '2']"),
+                            ({0: "a", 2: "c"}, "with the keys [0, 2]"), ([None] * 3, "holding None"),
+                            ([0, 1, 2], "holding 0")):
+        with pytest.raises(ValueError, match=re.escape(f"Received: class_names {received}")):
+            keras_vit.decode_predictions(np.zeros((1, 3)), class_names=names)
     with pytest.raises(ValueError, match=r"Received: predictions of dtype bool"):
         keras_vit.decode_predictions(np.zeros((1, 1000), bool))
 
