@@ -366,6 +366,25 @@ def _tensorflow_setup(mode, tpu, devices):
     )
 
 
+def check_built_in_scope(model, function):
+    """Raises ValueError when a JAX distribution over several devices is
+    active and `model`'s variables live on one device: the model was built
+    before the distribution was set, and JAX's trainer failed with
+    "Received incompatible devices for jitted computation", naming neither
+    the model nor the fix."""
+    distribution = keras.distribution.distribution() if keras.backend.backend() == "jax" else None
+    variable = next(iter(model.weights), None)
+    if distribution is None or variable is None:
+        return
+    wanted = distribution.device_mesh.devices.size
+    sharding = getattr(variable.value, "sharding", None)
+    if wanted > 1 and (sharding is None or len(sharding.device_set) == 1):
+        raise ValueError(
+            f"Model {model.name!r} was built outside the distribution now active ({wanted} devices): its variables "
+            f"live on one device, which `{function}` cannot mix with the distributed batches. Build the model "
+            f"inside `setup.scope()` (or load it there). Received: model={model.name!r}")
+
+
 def check_scope(model, function):
     """Raises ValueError when `model`'s variables are distributed (created
     in a `DistributionSetup.scope()`) and no distribution is active: the

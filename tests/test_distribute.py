@@ -391,6 +391,26 @@ def _new_variables_outside_the_scope(setup):
     return errors
 
 
+def _built_before_the_distribution(setup):
+    """A model built before the distribution, then used inside its scope:
+    one clear error from each of `fit`, `evaluate` and `predict` (JAX's
+    trainer said "Received incompatible devices for jitted computation")."""
+    model = keras_vit.ViT(None, **TINY)
+    model.compile(optimizer=training.MomentumSGD(0.01), loss=training.SigmoidCrossEntropy())
+    x = np.random.default_rng(2).uniform(-1, 1, (16, 16, 16, 3)).astype("float32")
+    y = np.eye(5, dtype="float32")[[0, 1] * 8]
+    errors = []
+    with setup.scope():
+        for use in (lambda: model.fit(x, y, batch_size=8, verbose=0), lambda: model.evaluate(x, y, verbose=0),
+                    lambda: model.predict(x, verbose=0)):
+            try:
+                use()
+                errors.append("no error")
+            except ValueError as error:
+                errors.append(str(error))
+    return errors
+
+
 def _assert_new_variables_need_the_scope(errors, devices):
     assert len(errors) == 3
     for error, function in zip(errors, ("enable_lora", "reset_head", "quantize")):
@@ -440,6 +460,7 @@ def _jax_child():
         float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), single.get_weights())
     )
     report["outside_scope"] = _new_variables_outside_the_scope(setup)
+    report["built_before"] = _built_before_the_distribution(setup)
     # Gradient accumulation (2 micro-batches of 8 rows over 8 devices, one
     # row each) equals one device fed the whole batches of 16.
     whole = _accumulation_report(none, weights, xa, ya, report, "accum_single")
@@ -494,6 +515,11 @@ def test_jax_data_and_model_parallel_on_8_cpu_devices(jax_child):
     np.testing.assert_allclose(report["model_parallel"], single, rtol=1e-5)
     assert report["dp_weights_error"] < 1e-5 and report["mp_weights_error"] < 1e-5
     _assert_new_variables_need_the_scope(report["outside_scope"], 8)
+    assert len(report["built_before"]) == 3
+    for error, function in zip(report["built_before"], ("fit", "evaluate", "predict")):
+        assert error.startswith("Model 'vit") and (
+            f"outside the distribution now active (8 devices): its variables live on one device, which `{function}`"
+        ) in error, error
     # Accumulated micro-batches == whole batches, on 1 and 8 devices, with
     # the schedule advancing once per update (6 updates from 12 batches).
     for name in ("accum_single", "accum_dp", "accum_mp"):

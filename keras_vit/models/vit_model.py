@@ -6,6 +6,7 @@ import weakref
 import keras
 
 from keras_vit import interrupts
+from keras_vit.distribute import check_built_in_scope
 from keras_vit.distribute import check_scope
 from keras_vit.layers.utils import track_torch_parameters
 from keras_vit.preprocessing import check_image_dtype
@@ -47,6 +48,7 @@ class SurvivesFailedSteps:
         # `fit(x, y, batch_size, epochs, verbose, callbacks, ...)`
         callbacks = kwargs.get("callbacks", args[5] if len(args) > 5 else None)
         _check_rate_callbacks(getattr(self, "optimizer", None), callbacks)
+        check_built_in_scope(self, "fit")
         try:
             return super().fit(*args, **kwargs)
         except BaseException:
@@ -56,6 +58,7 @@ class SurvivesFailedSteps:
             _newest(self).clear()
 
     def evaluate(self, *args, **kwargs):
+        check_built_in_scope(self, "evaluate")
         try:
             return super().evaluate(*args, **kwargs)
         except BaseException:
@@ -65,6 +68,7 @@ class SurvivesFailedSteps:
             _newest(self).clear()
 
     def predict(self, *args, **kwargs):
+        check_built_in_scope(self, "predict")
         try:
             return super().predict(*args, **kwargs)
         except BaseException:
