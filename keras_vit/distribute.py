@@ -366,6 +366,12 @@ def _tensorflow_setup(mode, tpu, devices):
     )
 
 
+def _jax_devices_holding(variable):
+    """How many devices a JAX variable's value lives on."""
+    sharding = getattr(variable.value, "sharding", None)
+    return len(sharding.device_set) if sharding is not None else 1
+
+
 def check_built_in_scope(model, function):
     """Raises ValueError when a JAX distribution over several devices is
     active and `model`'s variables live on one device: the model was built
@@ -377,8 +383,7 @@ def check_built_in_scope(model, function):
     if distribution is None or variable is None:
         return
     wanted = distribution.device_mesh.devices.size
-    sharding = getattr(variable.value, "sharding", None)
-    if wanted > 1 and (sharding is None or len(sharding.device_set) == 1):
+    if wanted > 1 and _jax_devices_holding(variable) == 1:
         raise ValueError(
             f"Model {model.name!r} was built outside the distribution now active ({wanted} devices): its variables "
             f"live on one device, which `{function}` cannot mix with the distributed batches. Build the model "
@@ -403,8 +408,7 @@ def check_scope(model, function):
                    if isinstance(value, tf.distribute.DistributedValues) else 1)
         active = tf.distribute.has_strategy()
     else:
-        sharding = getattr(variable.value, "sharding", None)
-        devices = len(sharding.device_set) if sharding is not None else 1
+        devices = _jax_devices_holding(variable)
         active = keras.distribution.distribution() is not None
     if devices > 1 and not active:
         raise ValueError(
