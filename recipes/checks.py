@@ -66,7 +66,7 @@ def check(config):
     """Every check of a training config that needs no data."""
     fill_library_defaults(config)
     check_fields(config)
-    check_model(config)
+    variant = check_model(config)
     if config.total_steps:
         check_schedule(config)
     if isinstance(config, MppConfig):
@@ -78,6 +78,13 @@ def check(config):
             raise RecipeError(f"--image_size must be square for --dataset={config.dataset}. "
                               f"Received: --image_size={show(config.image_size)}")
         return
+    if config.weights:  # a missing file or a name without a checkpoint, before any data is read
+        from keras_vit import weights
+
+        try:
+            weights.check_source(config.weights, variant)
+        except (ValueError, OSError) as error:
+            raise RecipeError(f"--weights={config.weights}: {error}") from None
     if config.pipeline != "finetune" and (
             isinstance(config, VtabConfig) or str(config.dataset or "").startswith(VTAB_PREFIX)):
         raise RecipeError("VTAB tasks train through the fine-tuning pipeline (the protocol's crops and flips, per "

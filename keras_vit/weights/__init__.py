@@ -14,7 +14,7 @@ from keras_vit.weights.h5 import load_keras_weights
 from keras_vit.weights.npz import check_archive, export_npz, load_npz, prepare_npz, read_npz
 from keras_vit.weights.augreg import AugRegIndex, augreg_index
 
-__all__ = ["AugRegIndex", "augreg_index", "export_npz", "export_timm", "load_weights", "read_npz"]
+__all__ = ["AugRegIndex", "augreg_index", "check_source", "export_npz", "export_timm", "load_weights", "read_npz"]
 
 
 def load_weights(
@@ -60,14 +60,7 @@ def load_weights(
     allow_nonfinite = check_bool(allow_nonfinite, "allow_nonfinite")
     if interpolation is not None:  # also when nothing needs resampling, and not blamed on the file
         check_interpolation(interpolation)
-    if not isinstance(weights, (str, os.PathLike)):
-        raise ValueError(
-            "`weights` must be None, a file path or a registered name. "
-            f"Received: weights={weights!r}"
-        )
-    path = os.fspath(weights)
-    if not path.startswith(hub.HUB_PREFIX):
-        path = os.path.expanduser(path)
+    path = check_source(weights, variant)
     if not path.endswith(".weights.h5"):
         _refuse_adapted(model, weights)
     timm_files = (hub.WEIGHTS_NAME, hub.CONFIG_NAME, *hub.PICKLE_NAMES)
@@ -78,9 +71,7 @@ def load_weights(
     interpolation = interpolation or "linear"
     if path.endswith(".weights.h5"):
         return load_keras_weights(model, path, allow_nonfinite=allow_nonfinite)
-    # A registered name, unless a file of that name is here (a directory
-    # named `augreg` that holds no timm files does not hide the name).
-    if not os.path.isfile(path) and registry.is_registered(path):
+    if _is_name(path):
         if variant is not None:  # any alias of the model ("Ti/16", "Ti_16"), as `available_weights`
             variant = resolve_variant(variant)[0]
         bucket_path = registry.resolve(path, variant, anatomy(model).image_size[0])
@@ -101,18 +92,48 @@ def load_weights(
         if refusals:
             raise refusals[-1]
         return plans[-1].apply(model)
-    if not os.path.exists(path):
-        if path.endswith(".npz") or os.sep in path:
+    return load_npz(
+        model, path, interpolation=interpolation, source_grid=source_grid,
+        allow_nonfinite=allow_nonfinite,
+    )
+
+
+def check_source(weights, variant=None):
+    """Checks what can be checked of `weights` without a model or a download
+    (a missing file, an unknown name, a name with no checkpoint for
+    `variant`), so that a training script can refuse it before reading any
+    data; returns the path `load_weights` reads (`~` expanded).
+
+    Args:
+        weights: what `load_weights` takes.
+        variant: the model's variant name or alias (None for a custom model).
+    """
+    if not isinstance(weights, (str, os.PathLike)):
+        raise ValueError(
+            "`weights` must be None, a file path or a registered name. "
+            f"Received: weights={weights!r}"
+        )
+    path = os.fspath(weights)
+    if path.startswith(hub.HUB_PREFIX):
+        return path  # the Hub answers when fetched
+    path = os.path.expanduser(path)
+    if _is_name(path):
+        registry.resolve(path, None if variant is None else resolve_variant(variant)[0])
+    elif not os.path.exists(path):
+        if path.endswith((".npz", ".h5", ".safetensors")) or os.sep in path:
             raise FileNotFoundError(f"Weights file not found. Received: weights={weights!r}")
         names = ", ".join(registry.NAMES)
         raise ValueError(
             "`weights` is neither an existing file nor a registered name "
             f"({names}, or an AugReg file name). Received: weights={weights!r}"
         )
-    return load_npz(
-        model, path, interpolation=interpolation, source_grid=source_grid,
-        allow_nonfinite=allow_nonfinite,
-    )
+    return path
+
+
+def _is_name(path):
+    # A registered name, unless a file of that name is here (a directory
+    # named `augreg` that holds no timm files does not hide the name).
+    return not os.path.isfile(path) and registry.is_registered(path)
 
 
 def _refuse_adapted(model, weights):

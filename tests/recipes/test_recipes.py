@@ -1038,6 +1038,16 @@ def test_expected_failures_end_in_one_error_line(tmp_path, capsys):
     err = _error(finetune.main, [*tiny, f"--run_dir={tmp_path / 'offline'}", "--dataset=cifar10", "--download=false",
                                  f"--data_dir={tmp_path / 'tfds'}"], capsys)
     assert "Dataset 'cifar10' is not prepared" in err and "--download=true" in err, err
+    # Weights that cannot load are refused before any data is read (a download, offline, retried for minutes).
+    offline = [*tiny, f"--run_dir={tmp_path / 'early'}", "--dataset=cifar10", "--download=false",
+               f"--data_dir={tmp_path / 'tfds'}"]
+    missing = tmp_path / "missing.npz"
+    assert f"--weights={missing}: Weights file not found" in _error(
+        finetune.main, [*offline, f"--weights={missing}"], capsys)
+    assert "--weights=imagenet21k: No 'imagenet21k' checkpoint is published for ViT-Ti_16" in _error(
+        finetune.main, [*offline, "--model=Ti/16", "--weights=imagenet21k"], capsys)
+    assert "--weights=augreg: Registered weights need a named variant" in _error(
+        finetune.main, [*offline, "--weights=augreg"], capsys)
     # An unknown tfds name (a traceback and tfds' list of every dataset before).
     assert "--dataset=no_such_dataset_xyz, split 'train[:98%]'" in _error(
         finetune.main, ["--smoke", f"--run_dir={tmp_path / 'tfds'}", "--dataset=no_such_dataset_xyz"], capsys)

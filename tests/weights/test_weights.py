@@ -300,10 +300,21 @@ def test_missing_file_and_unknown_name(tmp_path, monkeypatch):
             tiny(weights=missing)
     with pytest.raises(ValueError, match="neither an existing file nor a registered name.*weights='imagenet22k'"):
         tiny(weights="imagenet22k")
+    # The same checks without a model, for scripts that check before reading data.
+    for missing in ("nope.npz", "model.h5", "checkpoints/nope", "nope.safetensors"):
+        with pytest.raises(FileNotFoundError, match=missing):
+            keras_vit.weights.check_source(missing)
+    with pytest.raises(ValueError, match="No 'imagenet21k' checkpoint is published for ViT-Ti_16"):
+        keras_vit.weights.check_source("imagenet21k", "Ti/16")
+    with pytest.raises(ValueError, match="need a named variant"):
+        keras_vit.weights.check_source("augreg")
+    assert keras_vit.weights.check_source("augreg", "B/16") == "augreg"
+    assert keras_vit.weights.check_source("hf-hub:timm/vit_tiny_patch16_224") == "hf-hub:timm/vit_tiny_patch16_224"
     # `~` is the user's home, as in a shell.
     monkeypatch.setenv("HOME", str(tmp_path))
     keras_vit.export_npz(randomize_weights(tiny()), tmp_path / "home.npz")
     tiny(weights="~/home.npz")
+    assert keras_vit.weights.check_source("~/home.npz") == str(tmp_path / "home.npz")
     # A directory of timm's pickled weights is named as such.
     (tmp_path / "pickled").mkdir()
     (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"")
