@@ -17,6 +17,13 @@ def check_prefix_tokens(layer, input_shape):
                          f"Received: num_prefix_tokens={layer.num_prefix_tokens}")
 
 
+def pooled_prefix_tokens(method, include_prefix, num_prefix_tokens):
+    """The prefix tokens (class token, registers) a pooling leaves out: none
+    for `"token"` (it reads index 0) or with `include_prefix` (timm's
+    `pool_include_prefix`), else all of them (timm's `global_pool`)."""
+    return 0 if include_prefix or method == "token" else num_prefix_tokens
+
+
 @keras.saving.register_keras_serializable(package="keras_vit")
 class SequencePooling(keras.layers.Layer):
     """Pools `(B, T, D)` tokens to `(B, D)`.

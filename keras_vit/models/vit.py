@@ -4,6 +4,7 @@ import keras
 
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
+from keras_vit.layers.pooling import pooled_prefix_tokens
 from keras_vit.layers.position_embedding import INTERPOLATIONS
 from keras_vit.layers.utils import check_bool, check_rate, head_dtype, is_int, is_real, normalize_pair, positive_int
 from keras_vit.models import resnet as resnet_lib
@@ -368,7 +369,7 @@ def ViT(
         include = fields["pool_include_prefix"]
         if include is None:
             include = not include_top
-        skipped = 0 if include or method == "token" else num_prefix_tokens
+        skipped = pooled_prefix_tokens(method, include, num_prefix_tokens)
         if method == "map":
             x = vit_layers.AttentionPooling(
                 fields["num_heads"], fields["mlp_dim"], gelu=fields["gelu"], layer_norm_epsilon=norm_epsilon,

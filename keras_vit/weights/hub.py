@@ -273,19 +273,43 @@ def _config_grid(args):
 
 def _check_numerics(model, expected):
     """The options a state dict's keys and shapes do not show (the GELU, the
-    LayerNorm epsilon, the number of heads: timm fuses them in `qkv`) must be
-    the checkpoint's: loading AugReg 2 weights into the original
-    architecture (tanh GELU) would run, a little off."""
+    LayerNorm epsilon, the number of heads: timm fuses them in `qkv`; the
+    pooling, where the model pools) must be the checkpoint's: loading AugReg 2
+    weights into the original architecture (tanh GELU) would run, a little
+    off, and a `global_pool="avg"` checkpoint into a class-token model, far
+    off."""
     from keras_vit.anatomy import anatomy
+    from keras_vit.layers.pooling import pooled_prefix_tokens
 
-    block = model.get_layer(anatomy(model).block_names[0])
+    parts = anatomy(model)
+    block = model.get_layer(parts.block_names[0])
     differences = [f"{name}: the model's {getattr(block, name)!r}, the checkpoint's {expected[name]!r}"
                    for name in ("gelu", "layer_norm_epsilon", "num_heads") if getattr(block, name) != expected[name]]
+    method = expected["classifier"] if expected["include_top"] else expected["pooling"]
+    pooling = _pooling(model)
+    if method is not None and pooling is not None:  # an unpooled checkpoint or model: the user pools
+        left_out = pooled_prefix_tokens(method, expected["pool_include_prefix"], parts.num_prefix_tokens)
+        if pooling != (method, left_out):
+            differences.append(f"pooling: the model's {pooling[0]!r} leaving out {pooling[1]} prefix token(s), the "
+                               f"checkpoint's {method!r} leaving out {left_out} (classifier, pooling, "
+                               "pool_include_prefix)")
     if differences:
         raise ValueError(
             f"the model computes otherwise than the checkpoint ({'; '.join(differences)}): build it with "
             "keras_vit.from_timm, or with these keywords. Nothing was loaded."
         )
+
+
+def _pooling(model):
+    """`(method, prefix tokens left out)` of the model's pooling layer, None
+    for a model that outputs tokens."""
+    names = {layer.name: layer for layer in model.layers}
+    if "map_head" in names:
+        return "map", names["map_head"].num_prefix_tokens
+    if "pool" in names:
+        pool = names["pool"]
+        return pool.method, pool.num_prefix_tokens if pool.method == "gap" else 0
+    return None
 
 
 def export_timm(model, directory, pixel_mean=None, pixel_std=None):

@@ -10,6 +10,7 @@ process with `HF_HUB_OFFLINE=1`, as users do."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -252,6 +253,35 @@ def test_load_weights_by_hub_name_into_an_existing_model(tmp_path):
     with pytest.raises(ValueError, match="num_heads: the model's 4, the checkpoint's 2"):
         keras_vit.load_weights(heads, str(snapshot))
     assert all(np.array_equal(a, b) for a, b in zip(before, heads.get_weights()))
+
+
+def test_a_checkpoint_pooling_otherwise_is_refused(tmp_path):
+    """Pooling leaves no trace in the weights: a `global_pool="avg"`
+    checkpoint loaded into a class-token model ran, 39 % off timm's logits,
+    with no note."""
+    args = dict(global_pool="avg", fc_norm=False, reg_tokens=1)
+    model = timm_model(FAMILIES["original"], **args)
+    save_for_hf(model, str(tmp_path / "avg"), model_args={**TINY, **args}, safe_serialization=True)
+    common = dict(hidden_size=32, mlp_dim=128, num_heads=2, num_layers=2, patch_size=8, input_shape=(32, 32, 3),
+                  gelu="exact", num_register_tokens=1, class_token=True)
+    for kwargs, told in (
+            (dict(num_classes=1000), "the model's 'token' leaving out 0 prefix token(s), the checkpoint's 'gap' "
+                                     "leaving out 2"),
+            (dict(num_classes=1000, classifier="gap", pool_include_prefix=True), "the model's 'gap' leaving out 0"),
+            (dict(include_top=False, pooling="token"), "the model's 'token'")):
+        other = keras_vit.ViT(None, **common, **kwargs)
+        before = other.get_weights()
+        with pytest.raises(ValueError, match=f"pooling: {re.escape(told)}.*Nothing was loaded"):
+            keras_vit.load_weights(other, str(tmp_path / "avg"))
+        assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights()))
+    same = keras_vit.ViT(None, **common, num_classes=1000, classifier="gap")
+    keras_vit.load_weights(same, str(tmp_path / "avg"))
+    logits, features = reference(model, images())
+    assert_close_rel(same.predict(images(), verbose=0), logits, tol=1e-4)
+    # A model of tokens pools as its user wants.
+    tokens = keras_vit.ViT(None, **common, include_top=False)
+    keras_vit.load_weights(tokens, str(tmp_path / "avg"))
+    assert_close_rel(np.mean(tokens.predict(images(), verbose=0)[:, 2:], axis=1), features, tol=1e-4)
 
 
 EXPORTED = {
