@@ -286,6 +286,9 @@ def _get_file_or_stall(name, origin, directory):
                 f"The download of {origin} stalled: no data for {socket.getdefaulttimeout():g} s. Nothing was "
                 "cached; call again to retry."
             ) from None
+        if type(error) is Exception:  # `get_file`'s wrapping of urllib's errors (a 404, a transfer cut short)
+            raise OSError(f"The download of {origin} failed ({error}). Nothing was cached; call again to retry.") \
+                from error.__context__
         raise
     finally:
         if previous is None:

@@ -952,6 +952,10 @@ class Bucket:
                     return
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if fault == "short":  # half the stated length, then the connection closes
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+                    return
                 if fault == "stall":  # half the file, then nothing for a while
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
@@ -1148,6 +1152,24 @@ def test_broken_download_is_never_cached(bucket, tmp_path, fault, match):
     del bucket.faults[BUCKET_PATH]
     assert fetch_into(model) == str(cached_path(tmp_path))
     assert cached_path(tmp_path).read_bytes() == bucket.files[BUCKET_PATH]
+
+
+@pytest.mark.one_backend
+@pytest.mark.parametrize("fault", ["short", "missing"])
+def test_a_failed_download_is_an_os_error_naming_the_url(bucket, tmp_path, fault):
+    """Keras' `get_file` raises a bare `Exception` ("URL fetch failure"):
+    neither `except OSError` nor `except ValueError` caught a transfer cut
+    short or a 404."""
+    model = tiny()
+    bucket.files[BUCKET_PATH] = npz_bytes(tmp_path, randomize_weights(tiny()))
+    bucket.faults[BUCKET_PATH] = fault
+    if fault == "missing":
+        del bucket.files[BUCKET_PATH]
+    told = "retrieval incomplete" if fault == "short" else "404"
+    with pytest.raises(OSError, match=rf"^The download of {bucket.url}/{BUCKET_PATH} failed \(.*{told}.*\)\. "
+                                      "Nothing was cached; call again to retry.$"):
+        fetch_into(model)
+    assert sorted(p.name for p in cached_path(tmp_path).parent.iterdir()) == ["augreg__tiny.npz.lock"]
 
 
 @pytest.mark.one_backend
