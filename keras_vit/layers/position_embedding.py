@@ -13,11 +13,9 @@ from keras_vit.layers.utils import non_negative_int, normalize_pair, patch_grid
 INTERPOLATIONS = ("linear", "bicubic", "bicubic_antialias")
 
 
-def check_interpolation(interpolation):
+def check_interpolation(interpolation, name="interpolation"):
     if interpolation not in INTERPOLATIONS:
-        raise ValueError(
-            f"`interpolation` must be one of {INTERPOLATIONS}. Received: interpolation={interpolation!r}"
-        )
+        raise ValueError(f"`{name}` must be one of {INTERPOLATIONS}. Received: {name}={interpolation!r}")
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

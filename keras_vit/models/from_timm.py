@@ -3,6 +3,7 @@
 import keras
 
 from keras_vit.layers.patch_embedding import ImageSizeCheck
+from keras_vit.layers.position_embedding import check_interpolation
 from keras_vit.layers.utils import check_bool, normalize_pair, positive_int
 from keras_vit.models.vit import ViT
 from keras_vit.weights import hub
@@ -72,6 +73,7 @@ def from_timm(
     include_top = check_bool(include_top, "include_top")
     include_preprocessing = check_bool(include_preprocessing, "include_preprocessing")
     local_files_only = check_bool(local_files_only, "local_files_only")
+    check_interpolation(posemb_interpolation, "posemb_interpolation")  # also when nothing is resampled
     if num_classes is not None:
         num_classes = positive_int(num_classes, "num_classes")
     # The weights are loaded from the config's commit (`revision` pinned).

@@ -5,7 +5,7 @@ import keras
 from keras_vit import layers as vit_layers
 from keras_vit.layers.encoder_block import LAYER_NORM_EPSILON, check_gelu
 from keras_vit.layers.pooling import pooled_prefix_tokens
-from keras_vit.layers.position_embedding import INTERPOLATIONS
+from keras_vit.layers.position_embedding import check_interpolation
 from keras_vit.layers.utils import check_bool, check_rate, head_dtype, is_int, is_real, normalize_pair, positive_int
 from keras_vit.models import resnet as resnet_lib
 from keras_vit.models.vit_model import ViTModel
@@ -240,11 +240,7 @@ def ViT(
     if include_top:
         num_classes = positive_int(num_classes, "num_classes")
     allow_nonfinite = check_bool(allow_nonfinite, "allow_nonfinite")
-    if posemb_interpolation not in INTERPOLATIONS:
-        raise ValueError(
-            f"`posemb_interpolation` must be one of {INTERPOLATIONS}. "
-            f"Received: posemb_interpolation={posemb_interpolation!r}"
-        )
+    check_interpolation(posemb_interpolation, "posemb_interpolation")
     classifier = fields["classifier"]
     has_class_token = _check_family_options(fields)
     num_prefix_tokens = int(has_class_token) + fields["num_register_tokens"]

@@ -199,7 +199,9 @@ def fetch_commit(source, revision=None, token=None, cache_dir=None, local_files_
         except errors.HFValidationError as error:  # not a repository name (nor a directory here)
             raise ValueError(f"`source` is neither a local directory nor a Hub repository name ({error}). "
                              f"Received: source={source!r}") from None
-        except (OSError, errors.HfHubHTTPError) as error:  # the transfer failed: nothing is cached
+        # The transfer failed (cut short, timed out: httpx's errors, which are
+        # no OSError, are `errors.HTTPError`): nothing is cached.
+        except (OSError, errors.HTTPError) as error:
             raise OSError(
                 f"hf-hub:{repo}: downloading {filename} failed ({type(error).__name__}: {error}); huggingface_hub "
                 "keeps no part of it: call again (a slow connection: raise HF_HUB_DOWNLOAD_TIMEOUT, seconds). "

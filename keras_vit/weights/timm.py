@@ -462,6 +462,10 @@ def timm_args(model):
     pool = names.get("map_head") or names.get("pool")
     if "head" in names and pool is None:
         problems.append("an unpooled classifier")
+    activation = getattr(names.get("head"), "activation", None)
+    if activation is not None and getattr(activation, "__name__", None) != "linear":  # timm's heads give logits
+        problems.append(f"a head activation (classifier_activation={getattr(activation, '__name__', activation)!r}; "
+                        "rebuild with None and set_weights)")
     if problems:
         raise ValueError(f"timm's VisionTransformer cannot express {', '.join(problems)}. "
                          f"Received: model={model.name!r}")

@@ -199,6 +199,10 @@ def test_another_number_of_classes_gets_a_zero_head(tmp_path):
     for flag in ("include_top", "include_preprocessing", "local_files_only"):
         with pytest.raises(ValueError, match=f"`{flag}` must be a bool. Received: {flag}='no'"):
             keras_vit.from_timm(name, **{**hub, flag: "no"})
+    # Taken where nothing is resampled; at another size blamed on the checkpoint.
+    for size in (None, (42, 42, 3)):
+        with pytest.raises(ValueError, match="`posemb_interpolation` must be one of .*posemb_interpolation='nearest'"):
+            keras_vit.from_timm(name, num_classes=3, input_shape=size, posemb_interpolation="nearest", **hub)
     model = keras_vit.from_timm(name, num_classes=3, **hub)
     assert np.all(model.predict(images(), verbose=0) == 0.0)
 
@@ -418,6 +422,12 @@ def test_what_timm_cannot_express_is_not_exported(tmp_path):
                            resnet=(), resnet_width_factor=0.5, input_shape=(32, 32, 3), num_classes=3)
     with pytest.raises(ValueError, match="hybrid"):
         keras_vit.export_timm(hybrid, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    # timm's models give logits: a softmax head's probabilities were exported as them.
+    softmax = keras_vit.ViT(None, hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1, patch_size=8,
+                            input_shape=(32, 32, 3), num_classes=3, classifier_activation="softmax")
+    with pytest.raises(ValueError, match=r"a head activation \(classifier_activation='softmax'"):
+        keras_vit.export_timm(softmax, tmp_path / "out")
     assert not (tmp_path / "out").exists()
     # Refused before writing (they wrote a checkpoint from_timm then refused,
     # or failed on a file, or on None, without naming the argument).
@@ -724,21 +734,29 @@ def test_a_download_damaged_in_transit_is_fetched_again_or_refused(tmp_path, mon
     assert_close_rel(ours.predict(images(), verbose=0), reference(model, images())[0], tol=1e-4)
 
 
-def test_a_failed_transfer_names_the_file_and_what_to_do(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", ["size", "cut", "timeout"])
+def test_a_failed_transfer_names_the_file_and_what_to_do(failure, tmp_path, monkeypatch):
+    """What the client raises: its size check's OSError, and httpx's errors
+    (no OSError) for a connection closed mid-body or a stalled one, which
+    escaped as they were."""
+    import httpx2
     import huggingface_hub
 
     name = FAMILIES["original"]
     publish_blobs(tmp_path, name, timm_model(name), COMMIT)
     download = huggingface_hub.hf_hub_download
+    error = {"size": OSError("Consistency check failed: file should be of size 900 but has size 450"),
+             "cut": httpx2.RemoteProtocolError("peer closed connection without sending complete message body"),
+             "timeout": httpx2.ReadTimeout("timed out")}[failure]
 
     def cut_short(repo, filename, **kwargs):
         if filename == "model.safetensors":
-            raise OSError("Consistency check failed: file should be of size 900 but has size 450")
+            raise error
         return download(repo, filename, **{**kwargs, "local_files_only": True})
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", cut_short)
-    with pytest.raises(OSError, match=rf"hf-hub:timm/{name}: downloading model.safetensors failed \(OSError: "
-                                      r"Consistency check failed.*call again"):
+    with pytest.raises(OSError, match=rf"hf-hub:timm/{name}: downloading model.safetensors failed "
+                                      rf"\({type(error).__name__}: {re.escape(str(error))}\).*call again"):
         keras_vit.from_timm(name, cache_dir=tmp_path)
 
 
