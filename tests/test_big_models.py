@@ -3,6 +3,7 @@
 saves them alone, and merges for export."""
 
 import errno
+import importlib.util
 import os
 import re
 import sys
@@ -422,6 +423,19 @@ def test_quantized_models_save_load_and_train_adapters(tmp_path):
     merged = keras_vit.merge_lora(qlora)  # folded into the int8 kernels: requantized
     assert type(merged) is keras_vit.models.ViTModel and not any("lora" in v.path for v in merged.weights)
     assert np.abs(keras.ops.convert_to_numpy(merged(x)) - adapted).max() < 0.05 * np.abs(adapted).max()
+    # Float checkpoints of integer codes are refused (written as the
+    # weights, a reloaded int8 model was 160 times off) ...
+    for export, extra in ((keras_vit.export_npz, ()), (keras_vit.export_timm, ("safetensors",))):
+        if all(importlib.util.find_spec(name) for name in extra):
+            with pytest.raises(ValueError, match=r"integer-quantized kernels, which `export_.*` cannot write.*"
+                                                 r"Received: layers encoderblock_0/"):
+                export(merged, tmp_path / "export")
+            assert not (tmp_path / "export").exists()
+    # ... and the advice holds: the adapters onto the float model, merged, exported.
+    base = keras_vit.enable_lora(keras_vit.reset_head(_model(False, num_layers=1), 5), rank=2)
+    exported = keras_vit.export_npz(keras_vit.merge_lora(keras_vit.load_lora(base, path)), tmp_path / "float.npz")
+    reloaded = keras_vit.ViT(None, input_shape=SHAPE, num_classes=5, **{**TINY, "num_layers": 1}, weights=exported)
+    assert np.abs(keras.ops.convert_to_numpy(reloaded(x)) - adapted).max() < 0.05 * np.abs(adapted).max()
     float8 = _model(False, num_layers=1)
     float8.quantize("float8")
     with pytest.raises(ValueError, match="Keras' float8 layers take no LoRA adapters.*Received: "

@@ -140,6 +140,21 @@ def check_head_trains(model, function):
             f"(`keras_vit.reset_head`). Received: head quantization_mode={mode!r}")
 
 
+def check_float_kernels(model, function):
+    """Refuses a model whose `quantize(...)` made integer kernels (int8,
+    int4): `function` writes float checkpoints, and the integer codes,
+    without their scales, were written as the weights (a reloaded int8 model
+    160 times off). float8 keeps float kernels and passes."""
+    layers = sorted({v.path.rsplit("/", 1)[0] for v in model.weights
+                     if v.path.endswith("/kernel") and "int" in str(v.dtype)})
+    if layers:
+        shown = ", ".join(layers[:3]) + (f", ... ({len(layers)} in all)" if len(layers) > 3 else "")
+        raise ValueError(
+            f"Model {model.name!r} has integer-quantized kernels, which `{function}` cannot write as float weights: "
+            "export the model before `quantize` (adapters trained on the quantized model: `save_lora`, then "
+            f"`enable_lora` and `load_lora` on the float model, `merge_lora`, export). Received: layers {shown}")
+
+
 def track_torch_parameters(model):
     """On PyTorch, the lists behind `parameters()` and `state_dict()` made
     again after variables came or went (quantized kernels, LoRA adapters):

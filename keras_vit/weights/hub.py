@@ -330,11 +330,13 @@ def export_timm(model, directory, pixel_mean=None, pixel_std=None):
     Returns `directory`.
     """
     from keras_vit.anatomy import anatomy
+    from keras_vit.layers.utils import check_float_kernels
     from keras_vit.preprocessing import check_pixel_stats
     from keras_vit.weights import timm as timm_format
     from keras_vit.weights.npz import check_target, write_files_atomically
 
     anatomy(model)  # names what is not a keras_vit model
+    check_float_kernels(model, "export_timm")
     directory = os.path.expanduser(os.fspath(directory))
     if not isinstance(directory, str) or not directory.strip():
         raise ValueError(f"`directory` must be the path of a folder. Received: directory={directory!r}")

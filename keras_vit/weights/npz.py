@@ -28,6 +28,7 @@ import numpy as np
 from keras_vit import interrupts
 from keras_vit.anatomy import BLOCK_NAME, RESNET_LAYER_NAME, anatomy, wrapped_vit_hint
 from keras_vit.layers.patch_embedding import resize_patch_embedding
+from keras_vit.layers.utils import check_float_kernels
 from keras_vit.layers.position_embedding import (
     infer_square_grid,
     resample_position_embedding,
@@ -659,6 +660,7 @@ def export_npz(model, path):
     (also behind a link) is refused, untouched.
     """
     rows, cols = anatomy(model).grid  # first: it names what is not a keras_vit model
+    check_float_kernels(model, "export_npz")
     arrays = {
         key: keras.ops.convert_to_numpy(variable).astype(np.float32)
         for key, variable in checkpoint_variables(model).items()
