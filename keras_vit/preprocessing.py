@@ -55,12 +55,14 @@ def check_pixel_stats(pixel_mean, pixel_std):
 
 def check_image_dtype(images):
     """Refuses images of a dtype no keras_vit input takes (16-bit and wider
-    unsigned pixels, booleans), which would scale to nonsense without an
-    error (uint16: up to 513); returns the standardized dtype, or None.
+    unsigned pixels, booleans, int8, which holds no [0, 255] pixel above 127:
+    uint8 data viewed as int8), which would scale to nonsense without an
+    error (uint16: up to 513; int8: 200 read as -56, -1.44); returns the
+    standardized dtype, or None.
     PyTorch tensors have no uint16 (Keras converts it to int32): those pass."""
     dtype = getattr(images, "dtype", None)
     dtype = None if dtype is None else backend.standardize_dtype(dtype)
-    if dtype in ("uint16", "uint32", "uint64", "bool"):
+    if dtype in ("uint16", "uint32", "uint64", "bool", "int8"):
         raise ValueError(
             "`images` must hold pixels in [0, 255] (uint8, or ints or floats of that range), or [-1, 1] "
             "floats for a model without include_preprocessing. For 16-bit images, take the high byte "

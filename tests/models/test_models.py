@@ -453,9 +453,11 @@ def test_preprocess_input():
     # A checkpoint's 3 per-channel values never broadcast over 1 channel.
     with pytest.raises(ValueError, match=r"the images have 1 channels. Received: images of shape \(1, 2, 2, 1\)"):
         keras_vit.preprocess_input(np.zeros((1, 2, 2, 1), "uint8"), (0.5,) * 3, (0.2,) * 3)
-    # 16-bit pixels (up to 513 after scaling) and booleans: refused, numpy and tensors alike.
-    for images in (np.full((1, 2, 2, 3), 128 * 257, "uint16"), keras.ops.ones((1, 2, 2, 3), "bool")):
-        with pytest.raises(ValueError, match=r"`images` must hold pixels in \[0, 255\].*dtype (uint16|bool)"):
+    # 16-bit pixels (up to 513 after scaling), booleans and int8 (uint8 data
+    # viewed so: 200 became -1.44): refused, numpy and tensors alike.
+    for images in (np.full((1, 2, 2, 3), 128 * 257, "uint16"), keras.ops.ones((1, 2, 2, 3), "bool"),
+                   np.full((1, 2, 2, 3), 200, "uint8").view("int8")):
+        with pytest.raises(ValueError, match=r"`images` must hold pixels in \[0, 255\].*dtype (uint16|bool|int8)"):
             keras_vit.preprocess_input(images)
     # A raw-image model casts its input to float32 first: 16-bit pixels
     # became 469.6 in [-1, 1] (PyTorch's `predict` converts uint16 to int32
