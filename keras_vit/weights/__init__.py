@@ -63,9 +63,7 @@ def load_weights(
     path = check_source(weights, variant)
     if not path.endswith(".weights.h5"):
         _refuse_adapted(model, weights)
-    timm_files = (hub.WEIGHTS_NAME, hub.CONFIG_NAME, *hub.PICKLE_NAMES)
-    if path.startswith(hub.HUB_PREFIX) or path.endswith(".safetensors") or (
-            os.path.isdir(path) and any(os.path.exists(os.path.join(path, name)) for name in timm_files)):
+    if path.startswith(hub.HUB_PREFIX) or path.endswith(".safetensors") or _is_timm_directory(path):
         return hub.load_timm(model, path, interpolation or "bicubic_antialias", source_grid=source_grid,
                              allow_nonfinite=allow_nonfinite)
     interpolation = interpolation or "linear"
@@ -119,6 +117,9 @@ def check_source(weights, variant=None):
     path = os.path.expanduser(path)
     if _is_name(path):
         registry.resolve(path, None if variant is None else resolve_variant(variant)[0])
+    elif os.path.isdir(path) and not _is_timm_directory(path):
+        raise ValueError(f"`weights` is a directory without a timm checkpoint ({hub.CONFIG_NAME}, "
+                         f"{hub.WEIGHTS_NAME}) in it. Received: weights={weights!r}")
     elif not os.path.exists(path):
         if path.endswith((".npz", ".h5", ".safetensors")) or os.sep in path:
             raise FileNotFoundError(f"Weights file not found. Received: weights={weights!r}")
@@ -128,6 +129,11 @@ def check_source(weights, variant=None):
             f"({names}, or an AugReg file name). Received: weights={weights!r}"
         )
     return path
+
+
+def _is_timm_directory(path):
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name)) for name in (hub.WEIGHTS_NAME, hub.CONFIG_NAME, *hub.PICKLE_NAMES))
 
 
 def _is_name(path):

@@ -309,6 +309,10 @@ def test_missing_file_and_unknown_name(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="need a named variant"):
         keras_vit.weights.check_source("augreg")
     assert keras_vit.weights.check_source("augreg", "B/16") == "augreg"
+    # An empty directory was blamed on the model's options ("this model uses gelu='exact'").
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"`weights` is a directory without a timm checkpoint .*Received: weights="):
+        tiny(gelu="exact", weights=str(tmp_path / "empty"))
     assert keras_vit.weights.check_source("hf-hub:timm/vit_tiny_patch16_224") == "hf-hub:timm/vit_tiny_patch16_224"
     # `~` is the user's home, as in a shell.
     monkeypatch.setenv("HOME", str(tmp_path))
