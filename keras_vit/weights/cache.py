@@ -196,7 +196,10 @@ def _check_cached(path, validate):
         _write_record(path, actual)
 
 
-def _validate(path, validate, what):
+def _validate(path, validate, what, shown=None):
+    """`validate(path)`; its ValueError as an InvalidFileError saying `what`,
+    the path in its words replaced by `shown` (a download's temporary file,
+    deleted by the time anyone reads the message, by its URL)."""
     if validate is None:
         return
     try:
@@ -204,7 +207,7 @@ def _validate(path, validate, what):
     except InvalidFileError:
         raise
     except ValueError as e:
-        raise InvalidFileError(f"{what}: {e}") from e
+        raise InvalidFileError(f"{what}: {str(e) if shown is None else str(e).replace(path, shown)}") from e
 
 
 def _declared_length(origin):
@@ -247,7 +250,7 @@ def _download(origin, directory, name, validate, needs_length=False):
                 f"stated {expected:,}: the download was cut short. Nothing was cached."
             )
         try:
-            _validate(fresh, validate, f"The file downloaded from {origin} is invalid")
+            _validate(fresh, validate, f"The file downloaded from {origin} is invalid", shown=origin)
         except InvalidFileError as e:
             raise InvalidFileError(f"{e} Nothing was cached.") from e
         # `get_file` created it under the umask; drop group/other write bits
