@@ -282,13 +282,14 @@ def _check_numerics(model, expected):
     off."""
     from keras_vit.anatomy import anatomy
     from keras_vit.layers.pooling import pooled_prefix_tokens
+    from keras_vit.weights.timm import model_pooling
 
     parts = anatomy(model)
     block = model.get_layer(parts.block_names[0])
     differences = [f"{name}: the model's {getattr(block, name)!r}, the checkpoint's {expected[name]!r}"
                    for name in ("gelu", "layer_norm_epsilon", "num_heads") if getattr(block, name) != expected[name]]
     method = expected["classifier"] if expected["include_top"] else expected["pooling"]
-    pooling = _pooling(model)
+    pooling = model_pooling(model)
     if method is not None and pooling is not None:  # an unpooled checkpoint or model: the user pools
         left_out = pooled_prefix_tokens(method, expected["pool_include_prefix"], parts.num_prefix_tokens)
         if pooling != (method, left_out):
@@ -300,18 +301,6 @@ def _check_numerics(model, expected):
             f"the model computes otherwise than the checkpoint ({'; '.join(differences)}): build it with "
             "keras_vit.from_timm, or with these keywords. Nothing was loaded."
         )
-
-
-def _pooling(model):
-    """`(method, prefix tokens left out)` of the model's pooling layer, None
-    for a model that outputs tokens."""
-    names = {layer.name: layer for layer in model.layers}
-    if "map_head" in names:
-        return "map", names["map_head"].num_prefix_tokens
-    if "pool" in names:
-        pool = names["pool"]
-        return pool.method, pool.num_prefix_tokens if pool.method == "gap" else 0
-    return None
 
 
 def export_timm(model, directory, pixel_mean=None, pixel_std=None):

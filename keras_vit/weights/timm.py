@@ -439,12 +439,20 @@ CROP_LAYER = "timm_crop"
 _EXPORT_ARCHITECTURES = {1e-6: "vit_base_patch16_224", 1e-5: "vit_base_patch16_clip_224"}
 
 
+def model_pooling(model):
+    """`(method, prefix tokens left out)` of a keras_vit model's pooling
+    (`"token"`, `"gap"` or `"map"`), None for a model that outputs tokens."""
+    names = {layer.name: layer for layer in model.layers}
+    pool = names.get("map_head") or names.get("pool")
+    if pool is None:
+        return None
+    return ("map" if pool is names.get("map_head") else pool.method), pool.num_prefix_tokens
+
+
 def timm_args(model):
     """`(architecture, arguments)`: the timm entry point and the
     `VisionTransformer` arguments (`model_args`) of a keras_vit model; what
     timm cannot express is a ValueError naming it."""
-    from keras_vit import layers as vit_layers
-
     parts = anatomy(model)
     names = {layer.name: layer for layer in model.layers}
     block = model.get_layer(parts.block_names[0])
@@ -459,8 +467,8 @@ def timm_args(model):
     if names["embedding"].use_bias == pre_norm:
         problems.append(f"patch_bias={names['embedding'].use_bias} with pre_norm={pre_norm} (timm: a bias "
                         "exactly without pre_norm)")
-    pool = names.get("map_head") or names.get("pool")
-    if "head" in names and pool is None:
+    pooling = model_pooling(model)
+    if "head" in names and pooling is None:
         problems.append("an unpooled classifier")
     activation = getattr(names.get("head"), "activation", None)
     if activation is not None and getattr(activation, "__name__", None) != "linear":  # timm's heads give logits
@@ -469,17 +477,13 @@ def timm_args(model):
     if problems:
         raise ValueError(f"timm's VisionTransformer cannot express {', '.join(problems)}. "
                          f"Received: model={model.name!r}")
-    if isinstance(pool, vit_layers.AttentionPooling):
-        global_pool = "map"
-    elif isinstance(pool, vit_layers.SequencePooling):
-        global_pool = "token" if pool.method == "token" else "avg"
-    else:
-        global_pool = ""
+    method, left_out = pooling or ("", 0)
+    global_pool = {"gap": "avg"}.get(method, method)
     gelus = {keras_name: timm_name for timm_name, keras_name in TIMM_GELUS.items()}
     # timm's average and attention pooling leave the class and register
     # tokens out unless `pool_include_prefix`, an argument since timm 1.0.x:
     # written only when needed.
-    include_prefix = global_pool in ("avg", "map") and parts.num_prefix_tokens > 0 and pool.num_prefix_tokens == 0
+    include_prefix = global_pool in ("avg", "map") and parts.num_prefix_tokens > 0 and left_out == 0
     patch = parts.embedding_patch_size
     # A model that crops the pixels past its last whole patch (`from_timm`)
     # takes the larger size, which timm's patch convolution crops likewise.
