@@ -74,6 +74,25 @@ def split_seed(seed, num):
     return tf.random.experimental.stateless_split(random_seed(seed), num)
 
 
+def seeded_dataset(build):
+    """`build()`, a `tf.data.Dataset` whose seeded ops (`shuffle`,
+    `Dataset.random`, tfds' file order) follow their own seeds alone.
+
+    tf.data pairs an op's seed with TensorFlow's global seed (the one
+    `keras.utils.set_random_seed` sets): the same pipeline `seed` read
+    another order after another global seed, and hosts seeded apart read
+    apart. Built in a graph whose own seed is pinned, the pair is fixed.
+    """
+    if not tf.executing_eagerly():  # traced (a tf.data function): pin this graph's seed
+        tf.random.set_seed(1)  # not 0: `Dataset.shuffle` refuses graph seed 0 with a tensor seed
+        return build()
+    # A tf.function's graph has a seed of its own; the dataset it returns
+    # keeps its per-iteration reshuffles (`reshuffle_each_iteration`).
+    # (Traced through a concrete function: `tf.config.run_functions_eagerly`
+    # runs a tf.function's Python eagerly.)
+    return tf.function(lambda: seeded_dataset(build), autograph=False).get_concrete_function()()
+
+
 # ---------------------------------------------------------------------------
 # Decoding, geometry, value range.
 # ---------------------------------------------------------------------------

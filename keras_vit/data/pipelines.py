@@ -118,10 +118,10 @@ def _batched(
     if training and seed is None:  # `keras_vit.distribute` refuses a later multi-host start
         global unseeded_training_pipelines
         unseeded_training_pipelines += 1
-    # One key per stream (examples, batches, epoch orders), folded with the
+    # One key per stream (examples, batches, epoch orders, the shuffle buffer), folded with the
     # position (the epoch's number). Evaluation draws nothing: no key, and
     # no draw from the global generator.
-    example_key, batch_key, order_key = tf.unstack(ops.split_seed(seed, 3)) if training else (None,) * 3
+    example_key, batch_key, order_key, buffer_key = tf.unstack(ops.split_seed(seed, 4)) if training else (None,) * 4
     n = source.num_examples
     cached = cache is True or (cache == "auto" and n is not None and n <= CACHE_MAX_EXAMPLES)
     if repeat is None:
@@ -155,7 +155,9 @@ def _batched(
         _checks.integer(shuffle_buffer, "shuffle_buffer")
         buffer = min(shuffle_buffer, n) if n else shuffle_buffer
         if buffer > 1:  # an endless stream is read once per iterator: the same order for every one
-            dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=not repeat)
+            dataset = ops.seeded_dataset(
+                lambda: dataset.shuffle(buffer, seed=_draw(buffer_key), reshuffle_each_iteration=not repeat)
+            )
     num_classes = source.num_classes
 
     # The map functions hold no Python control flow on tensors: no AutoGraph.
@@ -195,7 +197,9 @@ def _epoch_seeds(key, repeat):
     if repeat:
         fold_in = tf.random.experimental.stateless_fold_in
         return tf.data.Dataset.counter().map(lambda number: _draw(fold_in(key, number)))
-    return tf.data.Dataset.random(seed=_draw(key), rerandomize_each_iteration=True).take(1)
+    return ops.seeded_dataset(
+        lambda: tf.data.Dataset.random(seed=_draw(key), rerandomize_each_iteration=True).take(1)
+    )
 
 
 def _draw(key):
@@ -208,12 +212,7 @@ def _epochs(one_epoch, seeds, num_examples):
 
     @tf.autograph.experimental.do_not_convert  # no AutoGraph inside tfds' reader
     def seeded_epoch(seed):
-        if not tf.executing_eagerly():  # tf.data's debug mode runs this eagerly
-            # `Dataset.shuffle` compares a tensor seed with 0 in Python
-            # (graph seed 0 after `tf.random.set_seed(0)` fails there);
-            # this sets the seed of this function's graph only.
-            tf.random.set_seed(1)
-        return one_epoch(seed)
+        return ops.seeded_dataset(lambda: one_epoch(seed))
 
     epochs = seeds.flat_map(seeded_epoch)
     # flat_map cannot tell the length; `len()` and progress bars can.

@@ -226,9 +226,10 @@ def tfds_reader(builder, split, decoders):
             # training wants exactly that shuffle.
             read_config = tfds.ReadConfig(shuffle_seed=seed, shuffle_reshuffle_each_iteration=False,
                                           try_autocache=False, enable_ordering_guard=False)
-        return builder.as_dataset(
-            split=split, decoders=decoders, shuffle_files=shuffle, read_config=read_config
-        )
+        def dataset():
+            return builder.as_dataset(split=split, decoders=decoders, shuffle_files=shuffle, read_config=read_config)
+
+        return ops.seeded_dataset(dataset) if shuffle else dataset()
 
     return read
 
@@ -523,7 +524,7 @@ def from_directory(
         # A full shuffle of the file names (cheap: strings), before any
         # file is read; sorted folders would otherwise give batches of one
         # class from a shuffle buffer smaller than the folder.
-        order = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=False)
+        order = ops.seeded_dataset(lambda: files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=False))
         return order.map(read, num_parallel_calls=tf.data.AUTOTUNE)
 
     return DataSource(

@@ -1339,26 +1339,67 @@ def test_a_training_pipeline_without_repeat_gives_a_new_order_every_pass(sorted_
 
 
 @pytest.mark.one_backend
+@pytest.mark.parametrize("kind", ["cached", "folder", "tfds"])
+def test_a_pipeline_seed_fixes_the_order_whatever_the_global_seed(sorted_folder, sharded_tfds, kind):
+    """tf.data pairs an op's seed with TensorFlow's global seed: the same
+    `seed=` read another order after `keras.utils.set_random_seed` with
+    another value, and hosts seeded apart (`seed + process_index`, for
+    their dropout) read one stream in different orders."""
+    source = sharded_tfds if kind == "tfds" else keras_vit.data.from_directory(sorted_folder)
+    n = source.num_examples
+
+    def ids(images):
+        return tuple(np.round(images.numpy()[:, 0, 0, 0] * 127.5 + 127.5).astype(int))
+
+    def stream(global_seed, repeat):
+        tf.random.set_seed(global_seed)
+        ds = keras_vit.data.finetune_pipeline(
+            source, training=True, batch_size=n // 2, image_size=2, augmentation="resize", flip=False,
+            shuffle_buffer=n // 3, cache=kind == "cached", repeat=repeat, seed=3,
+        )
+        batches = ds.take(6) if repeat else [batch for _ in range(3) for batch in ds]
+        return [ids(x) for x, _ in batches]
+
+    for repeat in (True, False):
+        assert stream(0, repeat) == stream(7, repeat)
+    tf.config.run_functions_eagerly(True)  # tf.function bodies run as Python: still pinned
+    try:
+        assert stream(7, False) == stream(0, False)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    orders = []
+    for global_seed in (0, 7):
+        tf.random.set_seed(global_seed)
+        orders.append([int(example["label"]) for example in source.shuffled(3)])
+    assert orders[0] == orders[1] and orders[0] != sorted(orders[0])
+
+
+@pytest.mark.one_backend
 def test_building_a_pipeline_in_tf_data_debug_mode_keeps_the_global_seed():
     """Debug mode runs tf.data's functions eagerly: a seed meant for the
-    function's own graph became the process' global seed (a process of its
-    own: debug mode cannot be switched off)."""
+    function's own graph became the process' global seed, and the batches
+    of a seed were not those of graph mode (a process of its own: debug
+    mode cannot be switched off)."""
+    build = (
+        "source = keras_vit.data.DataSource(tf.data.Dataset.from_tensor_slices({'image': np.zeros((6, 2, 2, 3), "
+        "np.uint8), 'label': np.arange(6)}), num_classes=6, num_examples=6)\n"
+        "ds = keras_vit.data.finetune_pipeline(source, training=True, batch_size=2, image_size=2, shuffle_buffer=3, "
+        "seed=0)\n"
+        "labels = [y.numpy().argmax(-1).tolist() for _, y in ds.take(6)]\n"
+    )
     code = (
         "import numpy as np, tensorflow as tf, keras_vit.data\n"
         "from tensorflow.python.eager import context\n"
         "tf.data.experimental.enable_debug_mode()\n"
         "tf.random.set_seed(42)\n"
-        "source = keras_vit.data.DataSource(tf.data.Dataset.from_tensor_slices({'image': np.zeros((6, 2, 2, 3), "
-        "np.uint8), 'label': np.arange(6) % 2}), num_classes=2, num_examples=6)\n"
-        "ds = keras_vit.data.finetune_pipeline(source, training=True, batch_size=2, image_size=2, shuffle_buffer=1, "
-        "seed=0)\n"
-        "labels = [y.numpy().argmax(-1).tolist() for _, y in ds.take(6)]\n"
-        "assert sorted(sum(labels[:3], [])) == [0, 0, 0, 1, 1, 1], labels\n"
-        "print(context.global_seed())\n"
+        f"{build}"
+        "print(labels, context.global_seed())\n"
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT)))
-    assert run.returncode == 0 and run.stdout.split() == ["42"], (run.stdout, run.stderr[-3000:])
+    namespace = dict(np=np, tf=tf, keras_vit=keras_vit)
+    exec(build, namespace)  # graph mode
+    assert run.returncode == 0 and run.stdout.strip() == f"{namespace['labels']} 42", (run.stdout, run.stderr[-3000:])
 
 
 def _shard_order(ids):
