@@ -157,11 +157,11 @@ def tfds_builder(name, *, data_dir=None, download=True, manual_dir=None, instruc
             f"Dataset {name!r} is not prepared in {builder.data_dir}. On a "
             "machine with network access run "
             f"`tfds.builder({name!r}, data_dir=...).download_and_prepare()` and "
-            f"copy the directory to data_dir={root!r}, or call with "
-            "download=True here."
+            f"copy the directory to data_dir={root!r}"
         )
         if not download:
-            raise DatasetNotAvailableError(message)
+            raise DatasetNotAvailableError(f"{message}, or call with download=True here.")
+        message += "."  # download=True was this call's: no advice to call with it
     with _one_preparation(builder):
         if builder.is_prepared():  # by another process while this one waited
             return tfds.builder(name, data_dir=data_dir)
@@ -347,10 +347,17 @@ def from_tfds(
 def _decode_error(path):
     """TensorFlow's one-line reason why `path` does not read as an image."""
     try:
-        ops.decode_image(tf.io.read_file(path))
+        ops.decode_image(tf.io.read_file(os.fsencode(path)))
     except tf.errors.OpError as e:
         return ops.op_error_message(e)
     return "no error when read again"  # Changed between the two reads.
+
+
+def _file_names(paths):
+    """Paths as TensorFlow strings: their bytes on disk. A name that is not
+    UTF-8 (Latin-1 from an old archive) reaches Python with surrogates,
+    which a tensor of str refused without naming the file."""
+    return [os.fsencode(path) for path in paths]
 
 
 def _unreadable(paths):
@@ -360,7 +367,7 @@ def _unreadable(paths):
     (`ops.decode_image`); the files that fail are dropped by
     `ignore_errors`, so the missing indices are the bad files.
     """
-    files = tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int64), paths))
+    files = tf.data.Dataset.from_tensor_slices((tf.range(len(paths), dtype=tf.int64), _file_names(paths)))
 
     @tf.autograph.experimental.do_not_convert
     def probe(index, path):
@@ -514,7 +521,7 @@ def from_directory(
             f"({', '.join(extensions)}); an empty folder would add a class that "
             f"never occurs. Received: directory={directory!r}"
         )
-    files = tf.data.Dataset.from_tensor_slices({"path": paths, "label": tf.constant(labels, tf.int64)})
+    files = tf.data.Dataset.from_tensor_slices({"path": _file_names(paths), "label": tf.constant(labels, tf.int64)})
 
     @tf.autograph.experimental.do_not_convert
     def read(example):

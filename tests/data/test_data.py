@@ -357,6 +357,7 @@ def test_missing_dataset_says_what_to_download(tmp_path):
         keras_vit.data.from_tfds("cifar10", "train", data_dir=tmp_path, download=False)
     message = str(info.value)
     assert "download_and_prepare" in message and str(tmp_path) in message
+    assert message.endswith("or call with download=True here.")
     # Manual downloads fail before any network access, even with download=True.
     with pytest.raises(keras_vit.data.DatasetNotAvailableError) as info:
         keras_vit.data.from_tfds("resisc45", "train", data_dir=tmp_path)
@@ -921,6 +922,29 @@ def test_bad_images_named_or_skipped_and_counted(bad_folder):
         keras_vit.data.from_directory(root, skip_bad_images="yes")
 
 
+@pytest.mark.one_backend
+def test_file_names_that_are_not_utf8_read_and_are_named(tmp_path):
+    """A Latin-1 file name (an old archive's) reaches Python with
+    surrogates: the folder failed with "Error converting unicode string",
+    naming no file."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        _good_png(tmp_path / name / "ok.png", value=10)
+    good, bad = os.path.join(str(tmp_path), "b", os.fsdecode(b"caf\xe9.png")), os.fsdecode(b"\xe9t\xe9.png")
+    with open(good, "wb") as f:
+        f.write(tf.io.encode_png(np.full((6, 6, 3), 200, np.uint8)).numpy())
+    with open(tmp_path / "a" / bad, "wb") as f:
+        f.write(b"not a picture")
+    with pytest.raises(ValueError, match="1 file") as info:
+        keras_vit.data.from_directory(tmp_path)
+    assert os.path.join(str(tmp_path), "a", bad) in str(info.value)
+    os.remove(tmp_path / "a" / bad)
+    source = keras_vit.data.from_directory(tmp_path)
+    pixels = [round(float(x.numpy()[0, 0, 0, 0]) * 127.5 + 127.5) for x, _ in keras_vit.data.finetune_pipeline(
+        source, training=False, batch_size=1, image_size=2)]
+    assert pixels == [10, 200, 10]  # b/café.png sorts before b/ok.png
+
+
 def _bmp8(indices, table):
     """An 8-bit BMP file: `indices` (rows of colour indices) into `table`
     (RGB rows), bottom-up rows padded to 4 bytes, the 40-byte info header."""
@@ -1458,6 +1482,7 @@ def test_failed_preparation_gives_the_cause_first(tmp_path):
     assert message.startswith("Preparing dataset 'keras_vit_broken_prepare' in ")
     assert message.splitlines()[0].endswith("failed: OSError: No space left on device (simulated)")
     assert "network access" in message.splitlines()[1]
+    assert "download=True" not in message  # what this call did
 
 
 @pytest.mark.one_backend
