@@ -264,8 +264,8 @@ def run_worker(args):
 
 def markdown(rows):
     lines = [
-        "| backend | model | mode | batch | keras_vit img/s | keras-hub img/s | ratio vs keras-hub "
-        "| timm img/s | keras_vit GFLOP/s | % of matmul peak | process peak RSS (MB) | load |",
+        "| backend | model | mode | batch | keras_vit img/s | keras-hub img/s | keras_vit / keras-hub "
+        "| timm img/s | keras_vit GFLOP/s | % of matmul peak | process peak RSS (MiB) | load |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

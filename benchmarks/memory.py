@@ -3,7 +3,7 @@ accounting (XLA's buffer assignment, through JAX), for the models users
 fine-tune: which model, resolution and batch fits in 16, 40 or 80 GB.
 
     KERAS_BACKEND=jax python benchmarks/memory.py               # the table of docs/performance.md
-    KERAS_BACKEND=jax python benchmarks/memory.py --smoke       # seconds: a tiny model
+    KERAS_BACKEND=jax python benchmarks/memory.py --smoke       # minutes on CPU: a tiny model
     KERAS_BACKEND=jax python benchmarks/memory.py --check B/16,224,16 [--remat] [--mode lora] [--dtype bfloat16]
         # runs the step for real: the device's measured peak and the step time
 
@@ -41,6 +41,9 @@ BUDGETS_GB = (16, 40, 80)
 MARGIN = 1.15
 MODELS = {"Ti/16": "ViT-Ti_16", "S/16": "ViT-S_16", "B/16": "ViT-B_16", "L/16": "ViT-L_16", "H/14": "ViT-H_14"}
 MODES = ("full", "lora", "linear_probe")
+LORA_RANK = 8
+# `--smoke`'s model: heads 16 wide, room for LoRA's rank.
+SMOKE_MODEL = dict(hidden_size=32, num_layers=3, num_heads=2, mlp_dim=128, patch_size=4)
 
 
 @contextlib.contextmanager
@@ -60,7 +63,7 @@ def training_step(variant, image_size, batch, *, mode="full", dtype="float32", r
         model = keras_vit.ViT(variant, input_shape=(image_size, image_size, 3), num_classes=num_classes,
                               remat=remat, **(overrides or {}))
         if mode == "lora":
-            keras_vit.enable_lora(model, rank=8)
+            keras_vit.enable_lora(model, rank=LORA_RANK)
         elif mode == "linear_probe":
             keras_vit.freeze_backbone(model)
         model.compile(optimizer=training.finetuning_optimizer(0.01, 1000), loss=training.SoftmaxCrossEntropy())
@@ -117,12 +120,12 @@ def largest_batch(base, per_example, budget_gb):
     return int((budget_gb * GIB - base) // (per_example * MARGIN))
 
 
-def measure(cases, batches, check_batch=None):
+def measure(cases, batches, check_batch=None, overrides=None):
     rows = []
     for model_name, image_size, mode, dtype, remat in cases:
         start = time.perf_counter()
-        sizes = {b: step_bytes(MODELS[model_name], image_size, b, mode=mode, dtype=dtype,
-                               remat=remat) for b in batches}
+        case = dict(mode=mode, dtype=dtype, remat=remat, overrides=overrides)
+        sizes = {b: step_bytes(MODELS[model_name], image_size, b, **case) for b in batches}
         base, per_example = fit_line({b: s["peak"] for b, s in sizes.items()})
         row = dict(model=model_name, image_size=image_size, mode=mode, dtype=dtype, remat=remat,
                    parameters=sizes[batches[0]]["parameters"], trainable=sizes[batches[0]]["trainable"],
@@ -130,8 +133,7 @@ def measure(cases, batches, check_batch=None):
                    peak_gib={b: s["peak"] / GIB for b, s in sizes.items()},
                    largest_batch={f"{g} GB": largest_batch(base, per_example, g) for g in BUDGETS_GB})
         if check_batch:
-            actual = step_bytes(MODELS[model_name], image_size, check_batch, mode=mode,
-                                dtype=dtype, remat=remat)["peak"]
+            actual = step_bytes(MODELS[model_name], image_size, check_batch, **case)["peak"]
             row["linearity_error"] = abs(base + per_example * check_batch - actual) / actual
         row["seconds"] = time.perf_counter() - start
         print(json.dumps(row), flush=True)
@@ -199,7 +201,7 @@ def check(variant, image_size, batch, *, steps=5, **case):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a tiny custom model, seconds")
+    parser.add_argument("--smoke", action="store_true", help="a tiny custom model (SMOKE_MODEL), every mode: minutes on CPU")
     parser.add_argument("--check", metavar="MODEL,PX,BATCH", default=None,
                         help="run one case's step for real (e.g. B/16,224,16): the compiler's peak against the "
                         "device's measured peak, and the step time; one case per process")
@@ -224,10 +226,10 @@ def main(argv=None):
                 f.write(json.dumps(row) + "\n")
         return row
     if args.smoke:
-        MODELS["tiny"] = "testing"
+        MODELS["tiny"] = None
         cases = [("tiny", 32, mode, dtype, remat) for mode in MODES for dtype in ("float32", "bfloat16")
                  for remat in (False, True)]
-        rows = measure(cases, (2, 4), check_batch=8)
+        rows = measure(cases, (2, 4), check_batch=8, overrides=SMOKE_MODEL)
     else:
         models, sizes = args.models.split(","), [int(size) for size in args.sizes.split(",")]
         # Full fine-tuning for every model; LoRA and the linear probe for the
