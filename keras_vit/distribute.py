@@ -32,7 +32,6 @@ under the matching Keras backend.
 """
 
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -588,9 +587,9 @@ def _int_env(name):
 
 
 def _start_multi_host(mode):
-    """`keras.distribution.initialize()` (jax.distributed and one random
-    seed for every process), or, where JAX's distributed system is already
-    up, the seed alone."""
+    """`keras.distribution.initialize()` (jax.distributed), unless JAX's
+    distributed system is already up, then one random state for every
+    process."""
     import jax
 
     if mode == "model_parallel":
@@ -611,35 +610,37 @@ def _start_multi_host(mode):
             "batch from another order (examples seen twice or never). Build the pipelines after "
             "get_distribution(multi_host=True), or pass them the same seed= on every host."
         )
-    if jax.distributed.is_initialized():
-        # Started by the user (`jax.distributed.initialize`): the seed alone,
-        # as Keras' start does. Keras draws unseeded initial weights from
-        # Python's generator: one draw per process, equal where the user
-        # seeded every process alike, else one seed for all from their sum
-        # (weights drawn differently per process fail in device_put).
-        import random
+    if not jax.distributed.is_initialized():  # else started by the user (`jax.distributed.initialize`)
+        # CPU hosts need a cross-process collective implementation; older
+        # JAX releases set none by default ("Multiprocess computations aren't
+        # implemented on the CPU backend"). Accelerators are not affected.
+        if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "none"):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        try:
+            keras.distribution.initialize()
+        except ValueError as error:
+            if "coordinator_address" not in str(error):
+                raise
+            raise ValueError(
+                "multi_host=True found no cluster: set KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's "
+                "host:port), KERAS_DISTRIBUTION_NUM_PROCESSES and KERAS_DISTRIBUTION_PROCESS_ID on every process "
+                f"(a TPU pod sets its own). JAX said: {error}"
+            ) from None
+    _agree_on_random_state()
 
-        from jax.experimental import multihost_utils
 
-        draws = np.asarray(multihost_utils.process_allgather(np.int64(random.randint(0, 2**31 - 1))))
-        if len(set(draws.tolist())) > 1:
-            keras.utils.set_random_seed(int(draws.sum() % 2**31))
-        return
-    # CPU hosts need a cross-process collective implementation; older
-    # JAX releases set none by default ("Multiprocess computations aren't
-    # implemented on the CPU backend"). Accelerators are not affected.
-    if jax.config.values.get("jax_cpu_collectives_implementation") in (None, "none"):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    try:
-        keras.distribution.initialize()
-    except ValueError as error:
-        if "coordinator_address" not in str(error):
-            raise
-        raise ValueError(
-            "multi_host=True found no cluster: set KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator's "
-            "host:port), KERAS_DISTRIBUTION_NUM_PROCESSES and KERAS_DISTRIBUTION_PROCESS_ID on every process "
-            f"(a TPU pod sets its own). JAX said: {error}"
-        ) from None
+def _agree_on_random_state():
+    """One random state for every process. Keras draws unseeded initial
+    weights from Python's generator, and `seed=None` pipelines draw from
+    TensorFlow's; Keras' start seeds only processes with no seed set, so
+    hosts seeded apart (`set_random_seed(seed + process_index)`) drew
+    weights apart (refused in `device_put`, naming no seed), and hosts that
+    seeded Python's generator alone read their pipelines in orders apart."""
+    import random
+
+    # One draw per process; their sum seeds them all alike (Python, NumPy,
+    # TensorFlow, Keras), repeatably where the processes were seeded.
+    keras.utils.set_random_seed(sum(all_processes(random.randint(0, 2**31 - 1))) % 2**31)
 
 
 # --------------------------------------------------------------------------

@@ -155,9 +155,12 @@ def test_multi_host_start_without_a_cluster_and_after_jax_started_it():
     """No KERAS_DISTRIBUTION_* variables: an error naming them (JAX's bare
     "coordinator_address should be defined" before). After the script's own
     `jax.distributed.initialize`: the seed agreement alone (it called
-    jax.distributed.initialize a second time, and failed)."""
+    jax.distributed.initialize a second time, and failed), which seeds
+    TensorFlow too: with Python's generator alone seeded, `seed=None`
+    pipelines drew their orders apart on every host."""
     code = """if True:
-        import os, sys
+        import os, random, sys
+        random.seed(0)
         from keras_vit import distribute
         try:
             distribute.get_distribution("data_parallel", multi_host=True)
@@ -166,15 +169,21 @@ def test_multi_host_start_without_a_cluster_and_after_jax_started_it():
         import jax
         jax.distributed.initialize(coordinator_address="localhost:" + sys.argv[1], num_processes=1, process_id=0)
         print("after:", distribute.get_distribution("data_parallel", multi_host=True))
+        import tensorflow as tf
+        print("draw:", int(tf.random.uniform([], maxval=2**31 - 1, dtype=tf.int64)))
     """
     env = child_env(KERAS_BACKEND="jax")
     for name in ("KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID"):
         env.pop(name, None)
-    result = subprocess.run([sys.executable, "-c", code, str(_free_ports(1)[0])], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "refused: multi_host=True found no cluster: set KERAS_DISTRIBUTION_JOB_ADDRESSES" in result.stdout
-    assert "after: DistributionSetup(mode='data_parallel'" in result.stdout
+    draws = []
+    for port in _free_ports(2):  # two runs of one script: two hosts' random states
+        result = subprocess.run([sys.executable, "-c", code, str(port)], cwd=ROOT, env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "refused: multi_host=True found no cluster: set KERAS_DISTRIBUTION_JOB_ADDRESSES" in result.stdout
+        assert "after: DistributionSetup(mode='data_parallel'" in result.stdout
+        draws.append(result.stdout.split("draw:")[1])
+    assert draws[0] == draws[1]
 
 
 def test_tpu_without_a_tpu_is_a_clear_error():
@@ -760,8 +769,16 @@ def _hosts_fit(setup):
 
 
 def _jax_hosts_child():
-    """One host of a multi-process run."""
-    print(json.dumps(_hosts_fit(distribute.get_distribution("data_parallel", multi_host=True))))
+    """One host of a multi-process run, seeded apart as users seed hosts
+    for their dropout (`seed + process_index`): Keras' start left the seeds
+    apart, and the model's initial weights failed in `device_put`."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(7 + int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"]))
+    setup = distribute.get_distribution("data_parallel", multi_host=True)
+    # What a seed=None pipeline draws its order from.
+    tf_draws = distribute.all_processes(int(tf.random.uniform([], maxval=2**31 - 1, dtype=tf.int64)))
+    print(json.dumps(dict(_hosts_fit(setup), tf_draws_agree=len(set(tf_draws)) == 1)))
 
 
 @pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution multi-host runs on JAX")
@@ -797,7 +814,7 @@ def test_jax_two_processes_equal_one_process(jax_child, tmp_path):
     assert single == {"processes": 1, "devices": 8, "local_devices": 8, "updates": 3, "host_batch": 8,
                       "gathered": [10]}
     for report in reports:
-        assert report.pop("loss") == pytest.approx(loss, rel=1e-5)
+        assert report.pop("loss") == pytest.approx(loss, rel=1e-5) and report.pop("tf_draws_agree")
         assert report == {"processes": 2, "devices": 4, "local_devices": 2, "updates": 3, "host_batch": 4,
                           "gathered": [10, 11]}
     start = _tiny_setup()[0]
