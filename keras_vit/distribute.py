@@ -32,6 +32,7 @@ under the matching Keras backend.
 """
 
 import contextlib
+import importlib.util
 import json
 import os
 import sys
