@@ -201,7 +201,8 @@ def check(variant, image_size, batch, *, steps=5, **case):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="a tiny custom model (SMOKE_MODEL), every mode: minutes on CPU")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a tiny custom model (SMOKE_MODEL), every mode: minutes on CPU")
     parser.add_argument("--check", metavar="MODEL,PX,BATCH", default=None,
                         help="run one case's step for real (e.g. B/16,224,16): the compiler's peak against the "
                         "device's measured peak, and the step time; one case per process")
